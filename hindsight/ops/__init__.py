@@ -1,0 +1,17 @@
+"""Vocabulary-axis primitives on logits ``[..., V]`` (float32 accumulation whatever the input dtype).
+
+Dense functions take logits; the :mod:`hindsight.ops.chunked` functions compute the same reductions
+from hidden states ``[B, T, D]`` and an unembedding ``[D, V]`` chunk by chunk, so that a training loss
+never materialises float32 ``[B, T, V]`` logits.
+"""
+from hindsight.ops.logprobs import (LOGP_FLOOR, PAD_LOGIT, entropy, entropy_from_logprobs,
+                                    log_softmax, masked_logits, token_logprobs)
+from hindsight.ops.divergences import (generalized_jsd, generalized_jsd_from_logprobs, kl,
+                                       kl_from_logprobs)
+from hindsight.ops.topk import TAIL_CAP, topk_divergence, topk_tail_logprobs
+
+__all__ = [
+    "LOGP_FLOOR", "PAD_LOGIT", "TAIL_CAP", "entropy", "entropy_from_logprobs", "generalized_jsd",
+    "generalized_jsd_from_logprobs", "kl", "kl_from_logprobs", "log_softmax", "masked_logits",
+    "token_logprobs", "topk_divergence", "topk_tail_logprobs",
+]
