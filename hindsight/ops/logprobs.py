@@ -54,8 +54,8 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, *,
     Returns:
       ``[...]`` float32, ``log softmax(logits)[..., tokens]``.
     """
-    check_leading("tokens", tokens, shape_of(logits)[:-1], "logits[..., :-1]")
     check_rank("tokens", tokens, rank=len(shape_of(logits)) - 1)
+    check_leading("tokens", tokens, shape_of(logits)[:-1], "logits[..., :-1]")
     check_tokens_in_vocab("tokens", tokens, shape_of(logits)[-1])
     x = masked_logits(logits, vocab_mask)
     picked = jnp.take_along_axis(x, tokens[..., None].astype(jnp.int32), axis=-1, mode="fill",
