@@ -1,0 +1,64 @@
+"""Synthetic tasks: deterministic, disjoint splits, verifiers tolerant to format and strict on content."""
+import pytest
+
+from hindsight.tasks import Example, get_task, task_names
+
+
+@pytest.mark.parametrize("name", ["reverse", "count_letters", "arithmetic", "sort_numbers"])
+def test_splits_are_deterministic_and_disjoint(name):
+    task = get_task(name)
+    train = task.examples(split="train", count=40, seed=1)
+    assert train == task.examples(split="train", count=40, seed=1)
+    assert train != task.examples(split="train", count=40, seed=2)
+    test = task.examples(split="test", count=10, seed=1)
+    assert not {e.prompt for e in train} & {e.prompt for e in test}
+    for e in train + test:   # the reference answer verifies as correct, written plainly
+        assert task.verify(e, e.answer).reward == 1.0
+
+
+def test_reverse_verifier():
+    task = get_task("reverse")
+    ex = Example(prompt="", answer="dog, phone, sun", data=("sun", "phone", "dog"))
+    assert task.verify(ex, "The list in reverse order is: Dog, PHONE; sun.").reward == 1.0
+    assert task.verify(ex, "sun, phone, dog\nReversed:\ndog - phone - sun").reward == 1.0
+    bad = task.verify(ex, "dog, sun, sun")
+    assert bad.reward == 0.0 and bad.feedback == "expected `dog, phone, sun`, got `dog, sun, sun`"
+    assert "no list" in task.verify(ex, "I cannot do that.").feedback
+    assert task.verify(ex, "dog, phone, sun\nor maybe sun, phone, dog").reward == 0.0  # last line counts
+
+
+def test_integer_verifiers():
+    arith = get_task("arithmetic")
+    ex = Example(prompt="", answer="47", data=(12, "+", 35))
+    assert arith.verify(ex, "12 + 35 = 47.").reward == 1.0
+    big = Example(prompt="", answer="1234", data=(1234, "+", 0))
+    assert arith.verify(big, "The answer is 1,234.").reward == 1.0   # thousands separators are dropped
+    v = arith.verify(ex, "12 + 35 = 50")
+    assert v.reward == 0.0 and v.feedback == "expected 47, got 50"
+    assert arith.verify(ex, "forty seven").feedback == "expected 47, but no number was found"
+    neg = Example(prompt="", answer="-3", data=(2, "-", 5))
+    assert arith.verify(neg, "2 - 5 = -3").reward == 1.0
+
+
+def test_sort_verifier():
+    task = get_task("sort_numbers")
+    ex = Example(prompt="", answer="3, 7, 19", data=(19, 3, 7))
+    assert task.verify(ex, "Sorted: 3 < 7 < 19").reward == 1.0
+    assert task.verify(ex, "3, 19, 7").feedback == "expected `3, 7, 19`, got `3, 19, 7`"
+
+
+def test_reasoning_style_changes_prompt_not_answer():
+    d = get_task("arithmetic").examples(split="train", count=3, seed=0)
+    r = get_task("arithmetic", style="reasoning").examples(split="train", count=3, seed=0)
+    assert [e.answer for e in d] == [e.answer for e in r]
+    assert all("step by step" in e.prompt for e in r)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="unknown task 'nope'.*arithmetic"):
+        get_task("nope")
+    with pytest.raises(ValueError, match="split"):
+        get_task("reverse").examples(split="dev", count=1, seed=0)
+    with pytest.raises(ValueError, match="style"):
+        get_task("reverse", style="verbose")
+    assert set(task_names()) >= {"reverse", "count_letters", "arithmetic", "sort_numbers"}
