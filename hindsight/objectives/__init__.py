@@ -1,0 +1,18 @@
+"""Objectives: advantages, policy surrogates, KL penalties, reward shaping and distillation losses.
+
+Every loss returns ``(sum, count)`` plus a metrics dict of ``(sum, count)`` pairs, so that token means
+are exact across micro-batches and devices: add the pairs up, then divide once per optimizer step with
+:func:`finalize` / :func:`finalize_metrics`.
+"""
+from hindsight.objectives.advantages import group_advantages
+from hindsight.objectives.aggregation import MODES, aggregate, finalize, finalize_metrics
+from hindsight.objectives.distillation import DIVERGENCES, distillation_loss, sampled_distillation_loss
+from hindsight.objectives.kl_estimators import ESTIMATORS, kl_penalty
+from hindsight.objectives.policy import clipped_surrogate, policy_loss
+from hindsight.objectives.shaping import overlong_penalty
+
+__all__ = [
+    "DIVERGENCES", "ESTIMATORS", "MODES", "aggregate", "clipped_surrogate", "distillation_loss",
+    "finalize", "finalize_metrics", "group_advantages", "kl_penalty", "overlong_penalty",
+    "policy_loss", "sampled_distillation_loss",
+]

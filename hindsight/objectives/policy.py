@@ -1,0 +1,126 @@
+"""GRPO / DAPO clipped surrogate policy loss (verl ``compute_policy_loss`` with dual clip).
+
+The loss is to be minimised; with ``rho = pi_theta / pi_old`` per sampled token,
+``l = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))`` and, for ``A < 0`` only,
+``l = min(l, -A c)`` (dual clip, ``c = dual_clip``), which bounds the loss of a negative-advantage
+token whose ratio has exploded.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hindsight._validation import check_choice, check_rank, check_same_shape, check_static_float, shape_of
+from hindsight.objectives.aggregation import aggregate, as_mask, check_mode
+from hindsight.objectives.kl_estimators import ESTIMATORS, LOG_RATIO_CLIP, kl_penalty
+
+
+def _broadcast_advantages(advantages: jax.Array, shape: tuple) -> jax.Array:
+    """``[B]`` (one per sequence) or ``[B, T]`` (token-level credit) -> float32 ``[B, T]``."""
+    s = shape_of(advantages)
+    if s == shape[:1]:
+        return jnp.broadcast_to(jnp.asarray(advantages).astype(jnp.float32)[:, None], shape)
+    if s == shape:
+        return jnp.asarray(advantages).astype(jnp.float32)
+    raise ValueError(f"`advantages` must have shape {shape[:1]} (per sequence) or {shape} (per token) "
+                     f"to match `logp` {shape}, got {s}")
+
+
+def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+                      eps_low: float = 0.2, eps_high: float = 0.2,
+                      dual_clip: float | None = 3.0) -> tuple[jax.Array, dict]:
+    """Per-token PPO/GRPO clipped surrogate loss, with DAPO clip-higher and verl's dual clip.
+
+    Args:
+      logp: ``[B, T]`` log-prob of the sampled tokens under the trained policy (with grad).
+      logp_old: ``[B, T]`` log-prob under the sampling (behaviour) policy, no grad.
+      advantages: ``[B]`` (broadcast over tokens) or ``[B, T]`` (token-level credit), no grad.
+      mask: ``[B, T]`` bool or 0/1 float.
+      eps_low: lower clip, ``rho >= 1 - eps_low`` (verl 0.2).
+      eps_high: upper clip, ``rho <= 1 + eps_high`` (verl 0.2; DAPO clip-higher 0.28).
+      dual_clip: ``c > 1`` bounding the loss of ``A < 0`` tokens at ``-A c`` (verl 3.0); None = off.
+    Returns:
+      ``(loss, metrics)``: ``loss [B, T]`` float32, exactly 0 at masked positions; ``metrics`` a dict of
+      token-mean ``(sum, count)`` pairs: ``clip_low_frac`` (``A < 0, rho < 1 - eps_low``: clipped, no
+      gradient), ``clip_high_frac`` (``A > 0, rho > 1 + eps_high``), ``dual_clip_frac``
+      (``A < 0, rho > c``), ``ratio`` (mean ``rho``) and ``approx_kl`` (verl ``ppo_kl``, mean of
+      ``logp_old - logp``).
+    """
+    check_rank("logp", logp, rank=2)
+    check_same_shape(("logp", "logp_old", "mask"), logp, logp_old, mask)
+    eps_low = check_static_float("eps_low", eps_low, low=0.0, high=1.0)
+    eps_high = check_static_float("eps_high", eps_high, low=0.0)
+    if dual_clip is not None:
+        dual_clip = check_static_float("dual_clip", dual_clip)
+        if dual_clip <= 1.0:
+            raise ValueError(f"`dual_clip` must be > 1 (or None to disable), got {dual_clip}")
+    adv = _broadcast_advantages(advantages, shape_of(logp))
+    m = as_mask(mask)
+    # Select before exp: a masked position with a garbage log-prob must not reach the backward pass.
+    log_ratio = jnp.where(m, jnp.asarray(logp).astype(jnp.float32)
+                          - jnp.asarray(logp_old).astype(jnp.float32), 0.0)
+    adv = jnp.where(m, adv, 0.0)
+    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
+    loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    clip_low = m & (adv < 0) & (ratio < 1.0 - eps_low)
+    clip_high = m & (adv > 0) & (ratio > 1.0 + eps_high)
+    if dual_clip is None:
+        dual = jnp.zeros_like(m)
+    else:
+        dual = m & (adv < 0) & (ratio > dual_clip)
+        loss = jnp.where(adv < 0, jnp.minimum(loss, -adv * dual_clip), loss)
+    loss = jnp.where(m, loss, 0.0)
+    metrics = {
+        "clip_low_frac": aggregate(clip_low.astype(jnp.float32), m),
+        "clip_high_frac": aggregate(clip_high.astype(jnp.float32), m),
+        "dual_clip_frac": aggregate(dual.astype(jnp.float32), m),
+        "ratio": aggregate(jax.lax.stop_gradient(ratio), m),
+        "approx_kl": aggregate(jax.lax.stop_gradient(-log_ratio), m),
+    }
+    return loss, metrics
+
+
+def policy_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask: jax.Array, *,
+                eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = 3.0,
+                mode: str = "token-mean", norm: float | None = None,
+                logp_ref: jax.Array | None = None, kl_coef: float = 0.0,
+                kl_estimator: str = "k3") -> tuple[jax.Array, jax.Array, dict]:
+    """GRPO/DAPO policy loss: clipped surrogate + ``kl_coef`` x estimated ``KL(pi_theta || pi_ref)``.
+
+    Both terms are aggregated with the same ``mode`` over the same mask, so they share one count and
+    the result is a single ``(sum, count)`` pair (verl adds ``kl_coef * agg(kl)`` to ``agg(pg)``).
+
+    Args:
+      logp, logp_old, advantages, mask, eps_low, eps_high, dual_clip: see :func:`clipped_surrogate`.
+      mode, norm: aggregation, see :func:`hindsight.objectives.aggregation.aggregate`.
+      logp_ref: ``[B, T]`` reference-policy log-probs; required when ``kl_coef > 0``, and reported as
+        the ``kl`` metric whenever given.
+      kl_coef: weight of the KL penalty; 0 (default, as verl ``use_kl_loss=false`` and DAPO) turns it off.
+        verl's usual value when on is 0.001.
+      kl_estimator: see :func:`hindsight.objectives.kl_estimators.kl_penalty` (default ``"k3"``).
+    Returns:
+      ``(sum, count, metrics)``: the loss is ``finalize(sum, count)`` after summing pairs over
+      micro-batches. ``metrics`` holds only ``(sum, count)`` pairs (combine by adding, then
+      ``finalize_metrics``): those of :func:`clipped_surrogate`, ``pg_loss`` (the surrogate alone,
+      aggregated with ``mode``) and, when ``logp_ref`` is given, ``kl`` (the KL estimate aggregated
+      with ``mode``, unweighted, also reported when ``kl_coef = 0``).
+    """
+    check_mode(mode, norm)
+    check_choice("kl_estimator", kl_estimator, ESTIMATORS)
+    kl_coef = check_static_float("kl_coef", kl_coef, low=0.0)
+    if kl_coef > 0.0 and logp_ref is None:
+        raise ValueError(f"`kl_coef`={kl_coef} needs `logp_ref` (reference log-probs of shape "
+                         f"{shape_of(logp)}), got None")
+    if logp_ref is not None:
+        check_same_shape(("logp", "logp_ref"), logp, logp_ref)
+    per_token, metrics = clipped_surrogate(logp, logp_old, advantages, mask, eps_low=eps_low,
+                                           eps_high=eps_high, dual_clip=dual_clip)
+    total, count = aggregate(per_token, mask, mode=mode, norm=norm)
+    metrics["pg_loss"] = (jax.lax.stop_gradient(total), count)
+    if logp_ref is not None:
+        kl_sum, _ = aggregate(kl_penalty(logp, logp_ref, mask, estimator=kl_estimator), mask,
+                              mode=mode, norm=norm)
+        metrics["kl"] = (jax.lax.stop_gradient(kl_sum), count)
+        if kl_coef > 0.0:
+            total = total + kl_coef * kl_sum
+    return total, count, metrics
