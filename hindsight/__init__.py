@@ -5,7 +5,7 @@ Layers (arrows are the only import direction)::
     ops -> signals -> objectives -> methods -> train -> experiments / configs
     models -> sampling -> rollout ---^
 """
-from hindsight import ops
+from hindsight import objectives, ops, signals, tasks
 
 __version__ = "0.1.0"
-__all__ = ["ops"]
+__all__ = ["objectives", "ops", "signals", "tasks"]
