@@ -48,7 +48,10 @@ def main() -> None:
     t0 = time.perf_counter()
     student, teacher, probe, base, tokens, mask = _random_inputs(
         jax.random.PRNGKey(a.seed), batch=a.batch, length=a.length, vocab=a.vocab)
-    rewards = jax.random.bernoulli(jax.random.PRNGKey(a.seed + 1), 0.4, (a.batch,)).astype(jnp.float32)
+    # Mixed-outcome groups (half the rows of each group correct), so group advantages are non-zero.
+    rewards = jax.random.permutation(jax.random.PRNGKey(a.seed + 1),
+                                     (jnp.arange(a.batch) % 2).astype(jnp.float32).reshape(-1, a.group),
+                                     axis=1, independent=True).reshape(-1)
     adv = hs.objectives.group_advantages(rewards, a.group)
     sig = hs.signals
     hd = jax.jit(sig.hindsight_divergence)(student, teacher, tokens, mask)
