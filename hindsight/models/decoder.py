@@ -1,0 +1,166 @@
+"""The causal decoder (Llama / Qwen2 / Qwen3) as one Flax NNX module.
+
+Parameter layout (paths used by the loaders and the partition rules):
+
+    embed                              [V, D]            token embedding (HF layout)
+    layers/attn_norm/scale             [(L,) D]
+    layers/attn/{q,k,v,o}_proj/kernel  [(L,) in, out]    transposes of the HF weights
+    layers/attn/{q,k,v,o}_proj/bias    [(L,) out]        when the family has them
+    layers/attn/{q,k}_norm/scale       [(L,) hd]         Qwen3 only
+    layers/mlp_norm/scale              [(L,) D]
+    layers/mlp/{gate,up,down}_proj/kernel
+    final_norm/scale                   [D]
+    lm_head                            [D, V]            only when embeddings are untied
+
+With `scan_layers=True` (default) every `layers/...` parameter carries a leading stacked layer axis
+`L` and the forward pass is one `lax.scan`, so compile time does not grow with depth. With
+`scan_layers=False` the paths are `layers/<i>/...` and the loop is unrolled (faster bf16 on CPU,
+slower compile).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hindsight import _validation as v
+from hindsight.models.attention import Attention, cache_mask, causal_mask
+from hindsight.models.cache import KVCache, init_cache
+from hindsight.models.config import ModelConfig
+from hindsight.models.layers import RMSNorm, SwiGLU, matmul, rope_inv_freq, rope_tables
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder layer: `h + attn(norm(h))`, then `h + mlp(norm(h))`."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        norm_kw = dict(eps=cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
+        self.attn_norm = RMSNorm(cfg.hidden_size, **norm_kw)
+        self.attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, **norm_kw)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, param_dtype=param_dtype,
+                          rngs=rngs)
+
+    def __call__(self, h, *, cos, sin, mask, positions, cache, layer):
+        a, cache = self.attn(self.attn_norm(h), cos=cos, sin=sin, mask=mask, positions=positions,
+                             cache=cache, layer=layer)
+        h = h + a
+        return h + self.mlp(self.mlp_norm(h)), cache
+
+
+class Decoder(nnx.Module):
+    """Causal LM. Build with random weights here, or with real weights via `hindsight.models.load`.
+
+    Args:
+      cfg: the architecture.
+      dtype: compute dtype (activations, matmul inputs, KV cache default); matmuls accumulate in f32,
+        norms / softmax / logits are f32.
+      param_dtype: storage dtype of the parameters.
+      scan_layers: stacked layer parameters + `lax.scan` (True) or an unrolled per-layer loop.
+      remat: rematerialize each layer in the backward pass (`jax.checkpoint`).
+      rngs: initializer keys (`rngs.params`).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 scan_layers: bool = True, remat: bool = False, rngs: nnx.Rngs):
+        self.config = cfg
+        self.dtype, self.param_dtype = dtype, param_dtype
+        self.scan_layers, self.remat = scan_layers, remat
+        init = jax.nn.initializers.normal(stddev=0.02)
+        self.embed = nnx.Param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), param_dtype))
+        block_kw = dict(dtype=dtype, param_dtype=param_dtype)
+        if scan_layers:
+            @nnx.split_rngs(splits=cfg.num_layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def stacked(layer_rngs):
+                return Block(cfg, rngs=layer_rngs, **block_kw)
+
+            self.layers = stacked(rngs)
+        else:
+            self.layers = nnx.List([Block(cfg, rngs=rngs, **block_kw) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, **block_kw)
+        self.lm_head = (None if cfg.tie_embeddings else
+                        nnx.Param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), param_dtype)))
+
+    def unembedding(self) -> jax.Array:
+        """The LM head matrix `[D, V]` (the embedding transposed when tied), in `param_dtype`.
+        `logits = matmul(hidden, model.unembedding(), dtype=model.dtype)` (f32 accumulation)."""
+        return self.embed[...].T if self.lm_head is None else self.lm_head[...]
+
+    def init_cache(self, batch: int, max_len: int, *, dtype=None) -> KVCache:
+        """Empty KV cache `[L, batch, max_len, KV, hd]` (default dtype: the compute dtype)."""
+        cfg = self.config
+        return init_cache(num_layers=cfg.num_layers, batch=batch, max_len=max_len,
+                          num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                          dtype=self.dtype if dtype is None else dtype)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, *, cache: KVCache | None = None,
+                 attention_mask: jax.Array | None = None,
+                 return_hidden: bool = False) -> tuple[jax.Array, KVCache | None]:
+        """Forward pass.
+
+        Args:
+          tokens: `[B,S]` int32 token ids.
+          positions: `[B,S]` int32 positions (RoPE angle, causal order and cache slot).
+          cache: None for a plain causal forward, where key j is visible to query i iff
+            `positions[j] <= positions[i]` (and `attention_mask[j]`). With a `KVCache`
+            (`init_cache`), each token's K/V is written at slot == its position (per row), then every
+            query attends over all slots with `slot <= position` (and `attention_mask[slot]`).
+          attention_mask: optional key-validity mask, bool or 0/1: `[B,S]` without a cache, `[B,M]`
+            over cache slots with one.
+          return_hidden: return the final-normed hidden states `[B,S,D]` (compute dtype) instead of
+            logits, for a chunked LM head with `unembedding()`.
+
+        Returns:
+          `(out, cache)`: out = float32 logits `[B,S,V]` (or hidden `[B,S,D]`); cache = the updated
+          cache (None without one).
+        """
+        self._check_inputs(tokens, positions, cache, attention_mask)
+        cfg = self.config
+        positions = positions.astype(jnp.int32)
+        h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
+        cos, sin = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        if cache is None:
+            mask = causal_mask(positions, attention_mask)
+        else:
+            mask = cache_mask(positions, cache.max_len, attention_mask)
+
+        def block_fn(graphdef):
+            def apply(state, h, cache, layer):
+                return nnx.merge(graphdef, state)(h, cos=cos, sin=sin, mask=mask, positions=positions,
+                                                  cache=cache, layer=layer)
+            # prevent_cse only matters outside scan (JAX's advice for remat inside scan is False).
+            return jax.checkpoint(apply, prevent_cse=not self.scan_layers) if self.remat else apply
+
+        if self.scan_layers:
+            graphdef, state = nnx.split(self.layers)
+            apply = block_fn(graphdef)
+
+            def body(carry, xs):
+                layer_state, layer = xs
+                return apply(layer_state, *carry, layer), None
+
+            (h, cache), _ = jax.lax.scan(body, (h, cache), (state, jnp.arange(cfg.num_layers)))
+        else:
+            for i, block in enumerate(self.layers):
+                graphdef, state = nnx.split(block)
+                h, cache = block_fn(graphdef)(state, h, cache, i)
+        h = self.final_norm(h)
+        if return_hidden:
+            return h, cache
+        return matmul(h, self.unembedding(), dtype=self.dtype), cache
+
+    def _check_inputs(self, tokens, positions, cache, attention_mask) -> None:
+        v.check_rank("tokens", tokens, rank=2)
+        v.check_same_shape(("tokens", "positions"), tokens, positions)
+        for name, x in (("tokens", tokens), ("positions", positions)):
+            if not jnp.issubdtype(x.dtype, jnp.integer):
+                raise TypeError(f"`{name}` must be an integer array, got dtype {x.dtype}")
+        b, s = tokens.shape
+        if cache is not None and cache.batch != b:
+            raise ValueError(f"cache has {cache.batch} rows but `tokens` has shape {(b, s)}")
+        if attention_mask is not None:
+            want = (b, s) if cache is None else (b, cache.max_len)
+            if tuple(attention_mask.shape) != want:
+                raise ValueError(f"`attention_mask` has shape {tuple(attention_mask.shape)}, expected {want} "
+                                 f"({'[B,S] like tokens' if cache is None else '[B,M] over cache slots'})")

