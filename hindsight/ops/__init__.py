@@ -9,9 +9,17 @@ from hindsight.ops.logprobs import (LOGP_FLOOR, PAD_LOGIT, entropy, entropy_from
 from hindsight.ops.divergences import (generalized_jsd, generalized_jsd_from_logprobs, kl,
                                        kl_from_logprobs)
 from hindsight.ops.topk import TAIL_CAP, topk_divergence, topk_tail_logprobs
+from hindsight.ops._chunking import default_chunk_size
+from hindsight.ops.chunked import (chunked_entropy, chunked_generalized_jsd,
+                                   chunked_kl, chunked_map, chunked_token_logprobs,
+                                   chunked_topk_divergence)
+from hindsight.ops.fused import DISTILLATION_LOSSES, fused_distillation_loss
 
 __all__ = [
     "LOGP_FLOOR", "PAD_LOGIT", "TAIL_CAP", "entropy", "entropy_from_logprobs", "generalized_jsd",
     "generalized_jsd_from_logprobs", "kl", "kl_from_logprobs", "log_softmax", "masked_logits",
     "token_logprobs", "topk_divergence", "topk_tail_logprobs",
+    "DISTILLATION_LOSSES", "chunked_entropy", "chunked_generalized_jsd", "chunked_kl",
+    "chunked_map", "chunked_token_logprobs", "chunked_topk_divergence", "default_chunk_size",
+    "fused_distillation_loss",
 ]

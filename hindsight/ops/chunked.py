@@ -1,0 +1,183 @@
+"""Vocabulary reductions computed from hidden states and an unembedding, chunk by chunk.
+
+``chunked_map`` projects hidden states ``[..., D]`` through unembeddings ``[D, V]`` one block of
+``chunk_size`` rows at a time inside a ``lax.scan`` whose body is under ``jax.checkpoint``: the forward
+pass keeps only per-row outputs, and the backward pass recomputes each block's logits, so neither
+pass ever holds float32 logits for more than ``chunk_size`` rows. Gradients flow to the hidden
+states, the unembeddings and float extras. The public reductions mirror the dense ops in
+:mod:`hindsight.ops.logprobs`, :mod:`~hindsight.ops.divergences` and :mod:`~hindsight.ops.topk`, and
+apply those same functions to each block, so the math exists once.
+
+For a weighted-sum distillation loss, :func:`hindsight.ops.fused.fused_distillation_loss` is faster:
+it produces the gradients in the forward scan instead of recomputing the logits.
+
+Gradient notes: JAX accumulates an unembedding's gradient across chunks in the unembedding's own
+dtype (pass a float32 unembedding when a bf16 sum over many chunks is not accurate enough), and adds
+each block's ``[D, V]`` contribution whole, so the backward pass holds one extra gradient-sized
+buffer. The fused path accumulates in float32, tile by tile, and avoids both.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from hindsight._validation import check_tokens_in_vocab, shape_of
+from hindsight.ops._chunking import (check_extra, check_projection,
+                                     check_temperature, check_vocab_mask, chunk_rows, from_chunks,
+                                     project, to_chunks)
+from hindsight.ops.divergences import generalized_jsd_from_logprobs, kl_from_logprobs
+from hindsight.ops.logprobs import entropy_from_logprobs, token_logprobs
+from hindsight.ops.topk import topk_divergence
+
+
+def _check_pair(student_hidden, teacher_hidden, unembed, teacher_unembed) -> None:
+    check_projection([("student_hidden", student_hidden, "unembed", unembed),
+                      ("teacher_hidden", teacher_hidden, "teacher_unembed", teacher_unembed)])
+
+
+def chunked_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequence[jax.Array],
+                extras: Sequence[jax.Array] = (), *, chunk_size: int | None = None,
+                vocab_mask: jax.Array | None = None, temperature: float = 1.0):
+    """Apply ``row_fn`` to the logits of each block of positions, never materialising all logits.
+
+    Args:
+      row_fn: ``row_fn(logits, extras) -> pytree of [C, ...]``, where ``logits`` is a tuple with one
+        float32 ``[C, V]`` array per hidden tensor (``hiddens[i] @ unembeds[i]``, divided by
+        ``temperature``, padded vocabulary at ``PAD_LOGIT``) and ``extras`` a tuple of the matching
+        ``[C, ...]`` rows of each extra. Rows must be independent (no mixing across the ``C`` axis).
+      hiddens: sequence of ``[..., D_i]`` arrays sharing one leading shape ``L`` (e.g. ``[B, T]``).
+      unembeds: sequence of ``[D_i, V]`` arrays, one per hidden tensor, all with the same ``V``.
+      extras: sequence of per-position arrays ``[*L, ...]`` (token ids, float targets, ...).
+      chunk_size: rows per block (static int); None picks :func:`~hindsight.ops.default_chunk_size`
+        from V (64 at V = 151,936).
+      vocab_mask: optional ``[V]`` bool, True for real vocabulary entries.
+      temperature: static float > 0 dividing every logit.
+    Returns:
+      ``row_fn``'s pytree with the row axis unflattened: leaves ``[*L, ...]``.
+    """
+    hiddens, unembeds, extras = tuple(hiddens), tuple(unembeds), tuple(extras)
+    if len(hiddens) != len(unembeds) or not hiddens:
+        raise ValueError(f"`hiddens` and `unembeds` must be non-empty and of equal length, got "
+                         f"{len(hiddens)} and {len(unembeds)}")
+    lead, vocab = check_projection([(f"hiddens[{i}]", h, f"unembeds[{i}]", w)
+                                    for i, (h, w) in enumerate(zip(hiddens, unembeds))])
+    check_vocab_mask(vocab_mask, vocab)
+    for i, e in enumerate(extras):
+        check_extra(f"extras[{i}]", e, lead)
+    temperature = check_temperature(temperature)
+    chunk = chunk_rows(lead, vocab, chunk_size)
+
+    def body(_, xs):
+        h_c, e_c = xs
+        logits = tuple(project(h, w, vocab_mask, temperature) for h, w in zip(h_c, unembeds))
+        return None, row_fn(logits, e_c)
+
+    xs = (tuple(to_chunks(h, lead, chunk) for h in hiddens),
+          tuple(to_chunks(e, lead, chunk) for e in extras))
+    # scan already stops XLA from merging iterations, so the CSE barrier of checkpoint is not needed.
+    _, ys = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), None, xs)
+    return jax.tree.map(lambda y: from_chunks(y, lead), ys)
+
+
+def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, tokens: jax.Array, *,
+                           chunk_size: int | None = None, vocab_mask: jax.Array | None = None,
+                           temperature: float = 1.0, with_entropy: bool = False):
+    """Chunked :func:`~hindsight.ops.token_logprobs` (optionally with the entropy from the same pass).
+
+    Args:
+      hidden: ``[B, T, D]`` (any leading shape ``L``).
+      unembed: ``[D, V]``.
+      tokens: ``[B, T]`` int ids in ``[0, V)``.
+      with_entropy: also return the entropy of each position's distribution.
+    Returns:
+      ``[B, T]`` float32 log-probs, or ``(logprobs, entropy)`` when ``with_entropy``.
+    """
+    lead, vocab = check_projection([("hidden", hidden, "unembed", unembed)])
+    if shape_of(tokens) != lead:
+        raise ValueError(f"`tokens` has shape {shape_of(tokens)} but `hidden` {shape_of(hidden)} "
+                         f"needs {lead}")
+    check_tokens_in_vocab("tokens", tokens, vocab)
+
+    def row(logits, extras):
+        (z,), (tok,) = logits, extras
+        lp = token_logprobs(z, tok)
+        return (lp, entropy_from_logprobs(jax.nn.log_softmax(z))) if with_entropy else lp
+
+    return chunked_map(row, (hidden,), (unembed,), (tokens,), chunk_size=chunk_size,
+                       vocab_mask=vocab_mask, temperature=temperature)
+
+
+def chunked_entropy(hidden: jax.Array, unembed: jax.Array, *, chunk_size: int | None = None,
+                    vocab_mask: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+    """Chunked :func:`~hindsight.ops.entropy`: ``hidden [B, T, D]``, ``unembed [D, V]`` -> ``[B, T]``."""
+    check_projection([("hidden", hidden, "unembed", unembed)])
+    return chunked_map(lambda logits, _: entropy_from_logprobs(jax.nn.log_softmax(logits[0])),
+                       (hidden,), (unembed,), chunk_size=chunk_size, vocab_mask=vocab_mask,
+                       temperature=temperature)
+
+
+def chunked_kl(p_hidden: jax.Array, q_hidden: jax.Array, unembed: jax.Array, *,
+               q_unembed: jax.Array | None = None, chunk_size: int | None = None,
+               vocab_mask: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+    """Chunked :func:`~hindsight.ops.kl`: ``KL(p || q)`` per position.
+
+    Args:
+      p_hidden, q_hidden: ``[B, T, D_p]``, ``[B, T, D_q]``.
+      unembed: ``[D_p, V]`` for ``p``; ``q_unembed`` ``[D_q, V]`` for ``q`` (default: ``unembed``).
+    Returns:
+      ``[B, T]`` float32.
+    """
+    q_unembed = unembed if q_unembed is None else q_unembed
+    check_projection([("p_hidden", p_hidden, "unembed", unembed),
+                      ("q_hidden", q_hidden, "q_unembed", q_unembed)])
+    return chunked_map(
+        lambda logits, _: kl_from_logprobs(*(jax.nn.log_softmax(z) for z in logits)),
+        (p_hidden, q_hidden), (unembed, q_unembed), chunk_size=chunk_size, vocab_mask=vocab_mask,
+        temperature=temperature)
+
+
+def chunked_generalized_jsd(student_hidden: jax.Array, teacher_hidden: jax.Array,
+                            unembed: jax.Array, beta: float = 0.5, *,
+                            teacher_unembed: jax.Array | None = None,
+                            chunk_size: int | None = None,
+                            vocab_mask: jax.Array | None = None,
+                            temperature: float = 1.0) -> jax.Array:
+    """Chunked :func:`~hindsight.ops.generalized_jsd` (TRL ``beta`` convention).
+
+    Gradients reach both sides; wrap the teacher's inputs in ``jax.lax.stop_gradient`` to treat it as
+    a constant (its logits are then not recomputed for a gradient).
+
+    Args:
+      student_hidden, teacher_hidden: ``[B, T, D_s]``, ``[B, T, D_t]``.
+      unembed: student ``[D_s, V]``; ``teacher_unembed`` ``[D_t, V]`` (default: ``unembed``).
+      beta: static float in ``[0, 1]``; 0 -> ``KL(T||S)``, 1 -> ``KL(S||T)``.
+    Returns:
+      ``[B, T]`` float32.
+    """
+    teacher_unembed = unembed if teacher_unembed is None else teacher_unembed
+    _check_pair(student_hidden, teacher_hidden, unembed, teacher_unembed)
+    return chunked_map(
+        lambda logits, _: generalized_jsd_from_logprobs(
+            *(jax.nn.log_softmax(z) for z in logits), beta),
+        (student_hidden, teacher_hidden), (unembed, teacher_unembed), chunk_size=chunk_size,
+        vocab_mask=vocab_mask, temperature=temperature)
+
+
+def chunked_topk_divergence(student_hidden: jax.Array, teacher_hidden: jax.Array,
+                            unembed: jax.Array, beta: float = 0.5, *, k: int,
+                            support: str = "student", teacher_unembed: jax.Array | None = None,
+                            chunk_size: int | None = None,
+                            vocab_mask: jax.Array | None = None,
+                            temperature: float = 1.0) -> jax.Array:
+    """Chunked :func:`~hindsight.ops.topk_divergence` (top-k + tail bucket), ``[B, T]`` float32.
+
+    Arguments as :func:`chunked_generalized_jsd`, plus ``k`` and ``support`` as in the dense op.
+    """
+    teacher_unembed = unembed if teacher_unembed is None else teacher_unembed
+    _check_pair(student_hidden, teacher_hidden, unembed, teacher_unembed)
+    return chunked_map(
+        lambda logits, _: topk_divergence(*logits, beta, k=k, support=support),
+        (student_hidden, teacher_hidden), (unembed, teacher_unembed), chunk_size=chunk_size,
+        vocab_mask=vocab_mask, temperature=temperature)
