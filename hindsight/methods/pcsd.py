@@ -1,0 +1,114 @@
+"""PCSD — GRPO plus persistence-consistency-gated self-distillation (spec §3).
+
+Paper not located; the gate extends SDAR's ``sigmoid(beta * gap)`` gate (arXiv 2605.15155,
+``beta = 5``, ``lambda = 0.01``, reverse-KL ablation) with a window statistic (``N_max = 8``,
+``alpha = 0.8``, ``tau = (0.05, 0.5)`` [BRIEF]; formulas OUR CHOICE, see
+:mod:`hindsight.signals.persistence`).
+
+``L = L_GRPO + lambda * token_mean(sg(w) * l)`` with the gate ``w`` computed from the gap
+``D = sg(logp_T - logp_S)`` between the teacher context (privileged: question + reference answer /
+feedback, same weights under ``stop_gradient`` by default) and the policy, at the sampled tokens;
+``l = -logp_S`` (``loss="nll"``, [BRIEF] default), the full-vocabulary ``KL(S || T)``
+(``"rkl"``, SDAR's best) or its sampled form ``sg(lS - lT) lS`` (``"rkl_sampled"``). Both terms are
+token means over the same mask, so they share one count.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from hindsight._validation import check_choice, check_static_float
+from hindsight.methods.batch import check_batch
+from hindsight.methods.forward import context_hidden
+from hindsight.methods.method import (TEACHERS, Method, require_no_state,
+                                      resolve_config, teacher_model)
+from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
+from hindsight.objectives import aggregate
+from hindsight.signals import pcsd_loss, persistence_gate_from_gap
+
+NAME = "pcsd"
+CONTEXTS = ("teacher",)
+ROLLOUT = "group"
+FIELDS = ("logp_old", "advantages")
+LOSSES = ("nll", "rkl", "rkl_sampled")
+
+
+@dataclasses.dataclass(frozen=True)
+class PCSDConfig(SurrogateConfig):
+    """PCSD options (spec §3 defaults) on top of GRPO's surrogate.
+
+    Attributes:
+      lam: weight of the distillation term (0.01, SDAR).
+      loss: ``"nll"`` (default), ``"rkl"`` or ``"rkl_sampled"``.
+      teacher: ``"self"`` (same params, stop-gradient) or ``"reference"``.
+      n_max, n_min, alpha, tau_low, tau_high, beta_gate, gamma, variance_direction: the gate's
+        window options (:func:`hindsight.signals.persistence_stats_from_gap`).
+    """
+    lam: float = 0.01
+    loss: str = "nll"
+    teacher: str = "self"
+    n_max: int = 8
+    n_min: int = 1
+    alpha: float = 0.8
+    tau_low: float = 0.05
+    tau_high: float = 0.5
+    beta_gate: float = 5.0
+    gamma: float | None = None
+    variance_direction: str = "shrink"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_static_float("lam", self.lam, low=0.0)
+        check_choice("loss", self.loss, LOSSES)
+        check_choice("teacher", self.teacher, TEACHERS)
+        check_choice("variance_direction", self.variance_direction, ("shrink", "grow"))
+        if not (isinstance(self.n_max, int) and isinstance(self.n_min, int)
+                and 1 <= self.n_min <= self.n_max):
+            raise ValueError(f"`n_min`, `n_max` must be ints with 1 <= n_min <= n_max, got "
+                             f"n_min={self.n_min!r}, n_max={self.n_max!r}")
+        if not self.tau_high > self.tau_low:
+            raise ValueError(f"`tau_high` ({self.tau_high}) must exceed `tau_low` "
+                             f"({self.tau_low})")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.teacher == "reference"
+
+    def gate_options(self) -> dict:
+        return dict(n_max=self.n_max, n_min=self.n_min, alpha=self.alpha, tau_low=self.tau_low,
+                    tau_high=self.tau_high, beta_gate=self.beta_gate, gamma=self.gamma,
+                    variance_direction=self.variance_direction)
+
+
+def loss_fn(model, batch, *, config: PCSDConfig | None = None, reference=None, method_state=None):
+    """PCSD loss ``(sum, count, metrics)``: ``L_GRPO + lam * L_pcsd`` (token-mean).
+
+    Metrics: GRPO's (:func:`hindsight.methods.grpo.loss_fn`) plus ``pcsd_loss`` (unweighted
+    ``L_pcsd``), ``gate_mean``, ``teacher_gap`` (mean ``logp_T - logp_S`` at the sampled tokens)
+    and, with ``loss="rkl"``, ``teacher_kl`` (mean full-vocabulary ``KL(S || T)``).
+    """
+    config = resolve_config(NAME, config, PCSDConfig())
+    require_no_state(NAME, method_state)
+    check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
+    teacher = context_hidden(teacher_model(NAME, config.teacher, model, reference), batch,
+                             "teacher", frozen=True)
+    rows = policy_rows(model, batch, config, reference=reference, teacher=teacher,
+                       teacher_kl=config.loss == "rkl")
+    total, count, metrics = surrogate_loss(rows, batch, config)
+    mask = batch["mask"]
+    gap = jax.lax.stop_gradient(rows["teacher_logp"] - rows["logp"])
+    gate = persistence_gate_from_gap(gap, mask, **config.gate_options())
+    aux, aux_count = pcsd_loss(gate, rows["logp"], mask, loss=config.loss,
+                               teacher_logp=rows["teacher_logp"], reverse_kl=rows.get("teacher_kl"))
+    metrics["pcsd_loss"] = (jax.lax.stop_gradient(aux), aux_count)
+    metrics["gate_mean"] = aggregate(gate, mask)
+    metrics["teacher_gap"] = aggregate(gap, mask)
+    if "teacher_kl" in rows:
+        metrics["teacher_kl"] = aggregate(jax.lax.stop_gradient(rows["teacher_kl"]), mask)
+    return total + config.lam * aux, count, metrics
+
+
+METHOD = Method(name=NAME, loss_fn=loss_fn, config=PCSDConfig(), contexts=CONTEXTS,
+                rollout=ROLLOUT, fields=FIELDS,
+                paper="PCSD (paper not located; spec §3), gate anchored on SDAR (arXiv 2605.15155)")

@@ -1,0 +1,72 @@
+"""Registry, method records and config validation."""
+import dataclasses
+
+import pytest
+
+from hindsight.methods import REGISTRY, ROLLOUTS, get_method
+from hindsight.methods.batch import CONTEXT_NAMES
+
+NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd"]
+
+
+def test_registry_holds_every_method():
+    assert sorted(REGISTRY) == sorted(NAMES)
+    for name in NAMES:
+        m = get_method(name)
+        assert m.name == name and m.rollout in ROLLOUTS and m.paper
+        assert set(m.contexts) <= set(CONTEXT_NAMES)
+        assert dataclasses.is_dataclass(m.config)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            m.config.temperature = 2.0
+
+
+def test_unknown_method_lists_registry():
+    with pytest.raises(KeyError, match=r"unknown method 'ppo'.*'craft'.*'grpo'"):
+        get_method("ppo")
+
+
+def test_spec_defaults():
+    assert get_method("grpo").config.eps_high == 0.2 and get_method("grpo").config.kl_coef == 0.0
+    assert get_method("dapo").config.eps_high == 0.28 and get_method("dapo").rollout == "dynamic"
+    assert get_method("drgrpo").config.advantage_scale == "none"
+    hdl = get_method("hdl").config
+    assert (hdl.tail_guard, hdl.counts, hdl.group_size, hdl.baseline) == (8, (4, 3), 16, "flat")
+    assert get_method("hdl").rollout == "hdl_tree"
+    pcsd = get_method("pcsd").config
+    assert (pcsd.lam, pcsd.loss, pcsd.beta_gate, pcsd.n_max) == (0.01, "nll", 5.0, 8)
+    craft = get_method("craft").config
+    assert (craft.lambda_0, craft.mu_0, craft.theta_kl) == (0.01, 0.001, 0.1)
+    assert get_method("craft").init_state is not None
+    opsd = get_method("opsd").config
+    assert (opsd.beta, opsd.temperature) == (0.5, 1.1)
+    assert get_method("opsd_pmi").contexts == ("teacher", "probe")
+    demo = get_method("demopsd").config
+    assert (demo.alpha_max, demo.beta) == (0.15, 25.0)
+
+
+def test_make_config_and_validation():
+    m = get_method("pcsd")
+    assert m.make_config(lam=0.5).lam == 0.5
+    with pytest.raises(TypeError, match=r"no option\(s\) \['lamda'\].*'lam'"):
+        m.make_config(lamda=0.5)
+    with pytest.raises(ValueError, match="`loss` must be one of"):
+        m.make_config(loss="kl")
+    with pytest.raises(ValueError, match="norm"):
+        get_method("grpo").make_config(mode="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="eps_low"):
+        get_method("dapo").make_config(eps_low=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        get_method("opsd").make_config(temperature=0.0)
+    with pytest.raises(ValueError, match="counts"):
+        get_method("hdl").make_config(counts=(4, 3, 2))
+    with pytest.raises(ValueError, match="`cti` must be a bool"):
+        get_method("craft").make_config(cti=1)
+
+
+def test_needs_reference():
+    assert not get_method("grpo").config.needs_reference
+    assert get_method("grpo").make_config(kl_coef=1e-3).needs_reference
+    assert get_method("opsd").config.needs_reference
+    assert not get_method("opsd").make_config(teacher="self").needs_reference
+    assert get_method("craft").config.needs_reference
+    assert get_method("opsd_pmi").config.needs_reference
