@@ -1,0 +1,272 @@
+"""Sampler benchmark on SmolLM2-135M-Instruct (CPU): decode throughput vs HF transformers, and the
+wall-clock an HDL-shaped rollout saves over independent sampling.
+
+(a) Decode throughput: one 32-token prompt fanned out to B rows, exactly ``--new`` new tokens
+    (stop tokens off; HF gets ``min_new_tokens = max_new_tokens``), pure sampling at temperature 1.
+    tok/s = B * new / wall time of the whole call (prefill included). HF ``generate`` (fp32, its KV
+    cache, 2 torch threads) and ours alternate repetition by repetition; the ratio is taken per
+    repetition, median reported.
+(b) HDL rollout step: P distinct prompts, each 2 roots, then per root 2 branch points (random
+    positions in ``[1, len - 1 - 8]`` at least 8 apart; 4 and 3 continuations) = 16 trajectories per
+    prompt, vs P x 16 independent samples. Same max length, stop tokens off (every row runs to the
+    max length, so token counts are exact and identical across runs). Both run on the continuous
+    batching `Engine` with the same slot count: roots are submitted up front; when a prompt's roots
+    finish, its continuations are queued ahead of the remaining roots and share the slot batch with
+    them. Wall time = roots + continuations; the hindsight scoring pass (the 2 roots re-scored under
+    a feedback context with `score_logprobs`) is timed separately. The single-prompt case (P = 1)
+    is reported too: there a tree is mostly sequential (roots, then continuations).
+(c) Compile time (first call minus a steady call) and peak resident memory.
+
+The last line is one JSON object with ``decode_tps_ratio_vs_hf``, ``hdl_token_saving`` and
+``hdl_wallclock_saving`` (fractions of the independent run's tokens / wall time) plus every
+measurement and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+PARAGRAPH = (
+    "The history of the Roman Empire is long and complex, spanning many centuries of war, politics, "
+    "culture and trade across Europe, Africa and Asia. Historians still argue about why it rose so far "
+    "and why it fell, pointing to economics, disease, climate, religion, administration and the army. "
+    "In this essay we look at the evidence from coins, letters, inscriptions and archaeology, and ask "
+    "what ordinary people in the provinces thought about the emperors who ruled them from far away.")
+TAIL_GUARD, MIN_GAP = 8, 8
+
+
+def _log(*msg) -> None:
+    print(time.strftime("%H:%M:%S"), *msg, file=sys.stderr, flush=True)
+
+
+def _variant_kwargs(name: str):
+    import jax.numpy as jnp
+
+    return {"f32-scan": dict(), "f32-layers": dict(scan_layers=False),
+            "bf16-layers": dict(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, scan_layers=False),
+            "bf16-scan": dict(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)}[name]
+
+
+def _prompts(tok, count: int, length: int) -> list[list[int]]:
+    ids = tok(PARAGRAPH)["input_ids"]
+    if len(ids) < length + count:
+        raise ValueError("paragraph too short for the requested prompts")
+    return [ids[i: i + length] for i in range(count)]
+
+
+def _load_hf(path: str):
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    transformers.utils.logging.disable_progress_bar()
+    if path.endswith(".gguf"):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _hf_generate(hf, prompt, batch: int, new: int) -> float:
+    import torch
+
+    ids = torch.tensor([prompt] * batch)
+    t = time.perf_counter()
+    with torch.no_grad():
+        hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                    top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+    return time.perf_counter() - t
+
+
+def _ours_generate(model, prompt, batch: int, new: int, seed: int) -> float:
+    import jax
+    from hindsight.sampling import SamplingParams, generate
+
+    t = time.perf_counter()
+    out = generate(model, [prompt], SamplingParams(max_new_tokens=new), num_samples=batch,
+                   key=jax.random.key(seed))
+    assert int(out.lengths.min()) == new
+    return time.perf_counter() - t
+
+
+def decode_throughput(model, hf, prompt, *, batch: int, new: int, reps: int) -> dict:
+    t0 = time.perf_counter()
+    _ours_generate(model, prompt, batch, new, 0)
+    first = time.perf_counter() - t0
+    _hf_generate(hf, prompt, batch, 2)  # warm torch up
+    ours, theirs = [], []
+    for r in range(reps):
+        theirs.append(_hf_generate(hf, prompt, batch, new))
+        ours.append(_ours_generate(model, prompt, batch, new, r + 1))
+        _log(f"decode B={batch} rep {r}: HF {theirs[-1]:.1f} s, ours {ours[-1]:.1f} s")
+    ratios = [h / o for h, o in zip(theirs, ours)]
+    toks = batch * new
+    _log(f"decode B={batch}: ours {ours} s, HF {theirs} s")
+    return dict(batch=batch, new_tokens=new, ours_tps=toks / statistics.median(ours),
+                hf_tps=toks / statistics.median(theirs), ratio=statistics.median(ratios),
+                ratio_range=[min(ratios), max(ratios)], ours_s=ours, hf_s=theirs,
+                first_call_s=first, compile_s=first - statistics.median(ours))
+
+
+def _branch_points(rng, length: int) -> list[int]:
+    """Two random eligible positions at least MIN_GAP apart (the HDL score would pick them)."""
+    hi = length - 1 - TAIL_GUARD
+    first = int(rng.integers(1, hi + 1))
+    for gap in (MIN_GAP, 1):  # the spec's fallback: relax the gap
+        choices = [p for p in range(1, hi + 1) if abs(p - first) >= gap]
+        if choices:
+            return [first, int(rng.choice(choices))]
+    return [first, first]
+
+
+def hdl_rollout(model, params, prompts, *, slots: int, max_len: int, chunk: int, seed: int,
+                new: int | None = None) -> dict:
+    """Roots + continuations of every prompt through one engine; returns tokens, wall, the roots."""
+    import jax
+    from hindsight.sampling.engine import Engine
+
+    engine = Engine(model, params, slots=slots, max_len=max_len, chunk_steps=chunk)
+    rng = np.random.default_rng(seed)
+    roots, tokens = {}, [0]
+    for k, p in enumerate(prompts):
+        engine.submit(p, num_samples=2, key=jax.random.key(seed * 1000 + k), keep_cache=True, tag=("root", k),
+                      max_new_tokens=new)
+
+    def on_result(tag, res):
+        kind, k = tag
+        if kind == "root":
+            roots[k] = res
+            tokens[0] += int(res.lengths.sum())
+            pos = [q for r in range(2) for q in _branch_points(rng, int(res.lengths[r]))]
+            engine.submit_branch(res, [0, 0, 1, 1], pos, [4, 3, 4, 3], key=jax.random.key(seed * 1000 + 500 + k),
+                                 tag=("cont", k))
+        else:
+            tokens[0] += int((res.lengths - res.branch_positions).sum())
+
+    t = time.perf_counter()
+    engine.run(on_result)
+    wall = time.perf_counter() - t
+    return dict(tokens=tokens[0], wall_s=wall, roots=roots, engine=dict(engine.stats))
+
+
+def independent_rollout(model, params, prompts, *, slots: int, max_len: int, chunk: int, seed: int,
+                        new: int | None = None) -> dict:
+    import jax
+    from hindsight.sampling.engine import Engine
+
+    engine = Engine(model, params, slots=slots, max_len=max_len, chunk_steps=chunk)
+    for k, p in enumerate(prompts):
+        engine.submit(p, num_samples=16, key=jax.random.key(seed * 1000 + k), tag=k, max_new_tokens=new)
+    t = time.perf_counter()
+    out = engine.run()
+    wall = time.perf_counter() - t
+    return dict(tokens=int(sum(r.lengths.sum() for r in out.values())), wall_s=wall,
+                engine=dict(engine.stats))
+
+
+def scoring_pass(model, tok, prompts, roots) -> float:
+    """Re-score every root under a hindsight context (prompt + feedback); each context prefilled once."""
+    from hindsight.sampling import score_logprobs
+
+    feedback = tok(" Feedback on an earlier attempt: the answer was incomplete. Reflection: be specific.")["input_ids"]
+    contexts = [list(p) + feedback for p in prompts]
+    responses = [list(roots[k].tokens[r, : roots[k].lengths[r]]) for k in range(len(prompts)) for r in range(2)]
+    times = []
+    for _ in range(2):  # the first call compiles the scoring shapes; report the steady one
+        t = time.perf_counter()
+        np.asarray(score_logprobs(model, contexts, responses))
+        times.append(time.perf_counter() - t)
+    return times[-1]
+
+
+def hdl_comparison(model, tok, prompts, *, new: int, slots: int, chunk: int, reps: int) -> dict:
+    from hindsight.sampling import SamplingParams
+    from hindsight.sampling.buckets import cache_len_bucket
+
+    params = SamplingParams(max_new_tokens=new)
+    max_len = cache_len_bucket(max(len(p) for p in prompts), new)
+    kw = dict(slots=slots, max_len=max_len, chunk=chunk)
+    # warm-up with the same prompts and slots but short rows compiles the decode chunk, the prefills
+    # and the row moves of every shape the timed runs use (max new tokens is a traced value)
+    short = min(new, 2 * TAIL_GUARD + 4)
+    hdl_rollout(model, params, prompts, seed=99, new=short, **kw)
+    independent_rollout(model, params, prompts, seed=99, new=short, **kw)
+    hdl, ind, score = [], [], []
+    for r in range(reps):
+        ind.append(independent_rollout(model, params, prompts, seed=r, **kw))
+        h = hdl_rollout(model, params, prompts, seed=r, **kw)
+        score.append(scoring_pass(model, tok, prompts, h.pop("roots")))
+        hdl.append(h)
+    ratios = [h["wall_s"] / i["wall_s"] for h, i in zip(hdl, ind)]
+    _log(f"HDL P={len(prompts)}: tokens {hdl[0]['tokens']} vs {ind[0]['tokens']}, wall {ratios}")
+    token_saving = 1 - hdl[0]["tokens"] / ind[0]["tokens"]
+    wall_saving = 1 - statistics.median(ratios)
+    return dict(prompts=len(prompts), new_tokens=new, slots=slots, chunk_steps=chunk,
+                hdl_tokens=hdl[0]["tokens"], indep_tokens=ind[0]["tokens"], token_saving=token_saving,
+                hdl_wall_s=[h["wall_s"] for h in hdl], indep_wall_s=[i["wall_s"] for i in ind],
+                hdl_engine=hdl[0]["engine"], indep_engine=ind[0]["engine"],
+                wall_ratio_range=[min(ratios), max(ratios)], wallclock_saving=wall_saving,
+                saving_efficiency=wall_saving / token_saving if token_saving else None,
+                hdl_tps=hdl[0]["tokens"] / statistics.median(h["wall_s"] for h in hdl),
+                indep_tps=ind[0]["tokens"] / statistics.median(i["wall_s"] for i in ind),
+                scoring_s=statistics.median(score))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: B=16, P=8 (16 slots), 64 new tokens, 1 repetition")
+    ap.add_argument("--variant", default="f32-scan", choices=["f32-scan", "f32-layers", "bf16-layers", "bf16-scan"])
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--prompts", type=int, default=None, help="P for the HDL comparison (>= 8)")
+    ap.add_argument("--new", type=int, default=None, help="new tokens per row")
+    ap.add_argument("--slots", type=int, default=None, help="engine slot batch (default 2 * prompts)")
+    ap.add_argument("--chunk", type=int, default=8, help="decode steps between engine scheduling points")
+    ap.add_argument("--skip-decode", action="store_true", help="skip (a), the HF comparison")
+    ap.add_argument("--skip-hdl", action="store_true", help="skip (b), the HDL rollout comparison")
+    args = ap.parse_args(argv)
+    reps = args.reps or (1 if args.quick else 3)
+    new = args.new or 64
+    n_prompts = args.prompts or (8 if args.quick else 16)
+    # 2 roots per prompt fill the slot batch exactly, so the roots phase is throughput-bound too
+    slots = args.slots or 2 * n_prompts
+    batches = [16] if args.quick else [16, 64]
+
+    import jax
+    import hindsight.models as hm
+
+    t = time.perf_counter()
+    model, tok = hm.load("smollm2-135m-instruct", **_variant_kwargs(args.variant))
+    load_s = time.perf_counter() - t
+    prompts = _prompts(tok, n_prompts, 32)
+    result = dict(model="smollm2-135m-instruct", variant=args.variant, quick=args.quick, reps=reps,
+                  stop_tokens="off (every row runs to max_new_tokens)", load_s=load_s,
+                  machine=dict(cpus=os.cpu_count(), platform=platform.platform(), jax=jax.__version__,
+                               load_avg_start=os.getloadavg()))
+    if not args.skip_decode:
+        hf = _load_hf(hm.resolve("smollm2-135m-instruct"))
+        result["decode"] = [decode_throughput(model, hf, prompts[0], batch=b, new=new, reps=reps) for b in batches]
+        del hf
+    if not args.skip_hdl:
+        result["hdl"] = hdl_comparison(model, tok, prompts, new=new, slots=slots, chunk=args.chunk, reps=reps)
+        result["hdl_single_group"] = hdl_comparison(model, tok, prompts[:1], new=new, slots=16,
+                                                    chunk=args.chunk, reps=reps)
+    result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    result["machine"]["load_avg_end"] = os.getloadavg()
+    if "decode" in result:
+        result["decode_tps_ratio_vs_hf"] = min(d["ratio"] for d in result["decode"])
+        result["compile_s"] = max(d["compile_s"] for d in result["decode"])
+    if "hdl" in result:
+        result["hdl_token_saving"] = result["hdl"]["token_saving"]
+        result["hdl_wallclock_saving"] = max(0.0, min(1.0, result["hdl"]["wallclock_saving"]))
+    print(json.dumps(result, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,18 @@
+"""JAX decoding with prefix reuse: group fan-out, mid-sequence branching, continuous batching and
+teacher-forced scoring under other contexts.
+
+Layers: `params` / `truncation` (what is sampled), `decode` (the jitted prefill + ``while_loop``),
+`rollouts` (`generate`: groups), `branch` (continue finished rows from a position), `engine`
+(continuous batching of prompts and branches in a fixed slot batch), `score` (teacher forcing),
+`text` (strings in, strings out), `buckets` (the compiled shapes).
+"""
+from hindsight.sampling.params import SamplingParams
+from hindsight.sampling.truncation import sample_tokens, sampling_logprobs, truncated_logits
+from hindsight.sampling.rollouts import Rollouts, generate
+from hindsight.sampling.branch import branch
+from hindsight.sampling.score import score_hidden, score_logits, score_logprobs
+
+__all__ = [
+    "Rollouts", "SamplingParams", "branch", "generate", "sample_tokens", "sampling_logprobs",
+    "score_hidden", "score_logits", "score_logprobs", "truncated_logits",
+]

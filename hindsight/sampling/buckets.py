@@ -1,0 +1,39 @@
+"""Shape buckets, so that a run compiles a handful of times instead of once per call.
+
+Every jitted sampling function is keyed by these rounded shapes (plus the static `SamplingParams`):
+
+* batch (rows of a decode / prefill / score call): next power of two, at least 1. Extra rows are
+  inactive padding and cost compute only up to 2x.
+* prompt / context length: next power of two, at least ``MIN_PROMPT_BUCKET`` (16). Prompts are
+  right-padded; the pad tokens' K/V land in slots a real token later overwrites before any query
+  reads them (the cache contract: queries read only ``slot <= position``).
+* cache length (``max_len``): ``prompt bucket + max new tokens`` rounded up to a multiple of
+  ``CACHE_LEN_MULTIPLE`` (64).
+* response length in scoring: next power of two, at least 16.
+* rows moved between caches (engine refills): next power of two.
+
+``max_new_tokens`` itself is a traced per-row limit (the decode loop is a ``while_loop`` with a traced
+bound), so it never recompiles as long as the cache-length bucket holds.
+"""
+from __future__ import annotations
+
+MIN_PROMPT_BUCKET = 16
+CACHE_LEN_MULTIPLE = 64
+
+
+def pow2_bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two ``>= max(n, minimum)``."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def prompt_bucket(length: int) -> int:
+    """Padded prompt / context length for a longest prompt of ``length`` tokens."""
+    return pow2_bucket(length, MIN_PROMPT_BUCKET)
+
+
+def cache_len_bucket(prompt_len: int, max_new_tokens: int) -> int:
+    """Cache length for prompts up to ``prompt_len`` tokens (already bucketed or not) followed by
+    ``max_new_tokens`` generated ones."""
+    need = prompt_bucket(prompt_len) + int(max_new_tokens)
+    return -(-need // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE

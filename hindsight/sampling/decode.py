@@ -1,0 +1,123 @@
+"""The jitted core: prefill a cache, then decode a slot batch with a ``lax.while_loop``.
+
+Row convention (shared by generation, group fan-out, branching and the engine): a row is described
+by ``(last, pos)``, the token at absolute position ``pos`` that has *not yet been fed*; its K/V for
+positions ``< pos`` are in the cache. One decode step feeds ``last`` at ``pos`` (writing slot
+``pos``), samples the token for ``pos + 1`` with key ``fold_in(row_key, pos + 1)`` and moves on.
+Hence:
+
+* a prompt of length n starts at ``(prompt[n-1], n-1)`` after a prefill (the prefill also writes
+  slot n-1; the first step rewrites it with identical values, so no prefill logits are needed);
+* a branch of a finished row at absolute position a (token a resampled) starts at
+  ``(tokens[a-1], a-1)`` on a copy of that row's cache: no prefix recomputation;
+* the token at absolute position t is always drawn with ``fold_in(row_key, t)``, so a row's draws
+  depend only on its key and its own prefix, never on batch neighbours, padding or chunking, and a
+  branch at a reproduces decoding from scratch with ``prompt + response[:a]`` as the prompt.
+
+Finished and padding rows stay in the batch (fixed shapes) and keep feeding their ``(last, pos)``:
+that rewrites slot ``pos`` with the K/V the sequence has there anyway, so their caches stay valid
+for later branching.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from hindsight.sampling.params import SamplingParams
+from hindsight.sampling.truncation import sample_tokens
+
+
+class DecodeState(NamedTuple):
+    """Donated decode carry for a slot batch of B rows and cache length M.
+
+    Attributes:
+      cache: the model's KV-cache pytree (B rows, M slots).
+      tokens: ``[B,M]`` int32, each row's sequence by absolute position (prompt, then response).
+      logprobs: ``[B,M]`` f32, sampled-distribution log-prob of the token at each generated position.
+      policy_logprobs: ``[B,M]`` f32, untruncated temperature-1 log-prob at each generated position.
+      last: ``[B]`` int32, the token at ``pos`` (not yet fed).
+      pos: ``[B]`` int32.
+      end: ``[B]`` int32, a row may generate positions ``< end``.
+      active: ``[B]`` bool, still generating.
+      keys: ``[B]`` typed PRNG keys, one per row.
+      stops: ``[B,K]`` int32 stop ids per row, ``-1`` = unused.
+    """
+
+    cache: Any
+    tokens: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    last: jax.Array
+    pos: jax.Array
+    end: jax.Array
+    active: jax.Array
+    keys: jax.Array
+    stops: jax.Array
+
+
+def _advance(model, st: DecodeState, params: SamplingParams) -> DecodeState:
+    """One decode step for every row (inactive rows are recomputed but left unchanged)."""
+    logits, cache = model(st.last[:, None], st.pos[:, None], cache=st.cache)
+    nxt = st.pos + 1
+    keys = jax.vmap(jax.random.fold_in)(st.keys, nxt)
+    tok, lp, plp = sample_tokens(logits[:, 0], keys, params)
+    write = st.active[:, None] & (jnp.arange(st.tokens.shape[1])[None, :] == nxt[:, None])
+    stop_hit = jnp.any(tok[:, None] == st.stops, axis=-1)
+    done = stop_hit | (nxt >= st.end - 1)
+    return DecodeState(
+        cache=cache,
+        tokens=jnp.where(write, tok[:, None], st.tokens),
+        logprobs=jnp.where(write, lp[:, None], st.logprobs),
+        policy_logprobs=jnp.where(write, plp[:, None], st.policy_logprobs),
+        last=jnp.where(st.active, tok, st.last),
+        pos=jnp.where(st.active, nxt, st.pos),
+        end=st.end,
+        active=st.active & ~done,
+        keys=st.keys,
+        stops=st.stops)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("state",))
+def decode_steps(graphdef, weights, state: DecodeState, num_steps, min_active=0, *,
+                 params: SamplingParams) -> DecodeState:
+    """Run up to ``num_steps`` (traced int) decode steps; exits early once at most ``min_active``
+    (traced int) rows are still active (0: once none is; a scheduler with queued work passes
+    ``active - k`` to get control back as soon as k slots are free).
+
+    ``state`` is donated, so the cache is updated in place. Compiles once per
+    ``(graphdef, B, M, K, params)``.
+    """
+    model = nnx.merge(graphdef, weights)
+
+    def cond(carry):
+        i, st = carry
+        return (i < num_steps) & (jnp.sum(st.active) > min_active)
+
+    def body(carry):
+        i, st = carry
+        return i + 1, _advance(model, st, params)
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "cache_dtype"))
+def prefill(graphdef, weights, tokens: jax.Array, *, max_len: int, cache_dtype=None):
+    """Fresh cache of ``max_len`` slots holding the K/V of right-padded prompts ``tokens [n,S]``.
+
+    Pad positions write slots a real token overwrites before they are ever read.
+    """
+    model = nnx.merge(graphdef, weights)
+    cache = model.init_cache(tokens.shape[0], max_len, dtype=cache_dtype)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    _, cache = model(tokens, positions, cache=cache, return_hidden=True)
+    return cache
+
+
+def split_model(model):
+    """``(graphdef, weights)`` of an NNX model: the weights travel as a traced argument, so the jitted
+    functions compile once per architecture and batch shape, not once per weight update."""
+    return nnx.split(model)

@@ -1,0 +1,308 @@
+"""Continuous batching: a fixed slot batch decoded in jitted chunks, refilled between chunks.
+
+Rows decode with their own positions, so any mix of work shares one batch: the G rows of a prompt
+(prefilled once, then copied into G slots), and branch continuations of earlier results (their
+cache rows copied from the result, no prefix recomputation). A host-side scheduler runs between
+chunks of ``chunk_steps`` decode steps: it harvests finished rows, completes requests whose rows
+are all done, and refills free slots from the queue (branch requests first, so that trees finish
+and free their caches early; then prompts in submission order). This turns the tokens an HDL tree
+saves into saved wall-clock: continuations of prompt k share the batch with the roots of prompt
+k+1 instead of running as a half-empty lock-step batch as long as their earliest branch.
+
+Compiles: one decode chunk per (slots, max_len, params), one prefill per (prompt batch bucket,
+prompt length bucket), one row move per (rows-moved bucket, source batch).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hindsight.sampling import cache_rows, inputs
+from hindsight.sampling.branch import branch_requests
+from hindsight.sampling.buckets import pow2_bucket, prompt_bucket
+from hindsight.sampling.decode import DecodeState, decode_steps, prefill, split_model
+from hindsight.sampling.params import SamplingParams
+from hindsight.sampling.rollouts import Rollouts, collect
+
+
+@dataclasses.dataclass
+class _Request:
+    rid: int
+    tag: object
+    n: int
+    seqs: np.ndarray            # [n, M] initial sequences (prompt, or kept branch prefix)
+    prompt_lengths: np.ndarray  # [n]
+    starts: np.ndarray          # [n] position of the unfed last token
+    max_new: np.ndarray         # [n]
+    keys: np.ndarray            # [n, 2] uint32 key data
+    stops: np.ndarray           # [n, K]
+    logprobs: np.ndarray        # [n, M] kept prefix log-probs (zeros for prompts)
+    policy_logprobs: np.ndarray
+    parents: np.ndarray
+    branch_positions: np.ndarray
+    keep_cache: bool
+    source: tuple | None = None  # (device cache, [n] source rows) once known
+    prompt: list | None = None   # the prompt, for requests that still need a prefill
+    placed: int = 0
+    done: int = 0
+    out_seq: np.ndarray | None = None
+    out_lp: np.ndarray | None = None
+    out_plp: np.ndarray | None = None
+    out_pos: np.ndarray | None = None
+    archive: object = None
+
+
+class Engine:
+    """Continuous-batching sampler over one model and one `SamplingParams`.
+
+    Args:
+      model: NNX decoder (see `generate`).
+      params: sampling parameters shared by all requests (static: compiled once).
+      slots: rows decoded together (bucketed to a power of two).
+      max_len: cache length of every slot; prompt + max new tokens must fit.
+      chunk_steps: most decode steps between scheduling points.
+      refill_at: while work is queued, a chunk also ends as soon as this many slots have finished
+        (default ``max(1, slots // 8)``), so freed slots idle for few steps without a host round
+        trip per finished row.
+      cache_dtype: KV-cache dtype (default the model's compute dtype).
+
+    Use: `submit` / `submit_branch` requests, then `run` (optionally with a callback that submits
+    follow-up work, e.g. branches of a finished group) or `step` manually.
+    """
+
+    def __init__(self, model, params: SamplingParams, *, slots: int, max_len: int, chunk_steps: int = 16,
+                 refill_at: int | None = None, cache_dtype=None):
+        if slots < 1 or chunk_steps < 1 or max_len < 2:
+            raise ValueError(f"need slots >= 1, chunk_steps >= 1, max_len >= 2; got {slots}, {chunk_steps}, {max_len}")
+        self.vocab = model.config.vocab_size
+        params.check_vocab(self.vocab)
+        self.model, self.params = model, params
+        self._trace_params = params.for_trace()
+        self.slots, self.max_len, self.chunk_steps = pow2_bucket(slots), int(max_len), int(chunk_steps)
+        self.refill_at = max(1, self.slots // 8) if refill_at is None else int(refill_at)
+        self.cache_dtype = cache_dtype
+        self.axes = cache_rows.static_axes(model, self.max_len, cache_dtype)
+        self.graphdef, self.weights = split_model(model)
+        self._next_id = 0
+        self._prompts: collections.deque[_Request] = collections.deque()
+        self._branches: collections.deque[_Request] = collections.deque()
+        self._owner = [None] * self.slots  # (request, row) per slot
+        self._state = None
+        self.stats = collections.Counter()  # chunks, prefills, moves; refill_s / decode_s / harvest_s
+
+    # ----------------------------------------------------------------------------- submission
+    def submit(self, prompt, *, num_samples: int = 1, key=None, row_keys=None, max_new_tokens=None,
+               stop_tokens=None, keep_cache: bool = False, tag=None) -> int:
+        """Queue ``num_samples`` rows of one prompt (prefilled once when first scheduled).
+
+        ``keep_cache=True`` keeps the rows' caches in the result so it can be branched. Returns the
+        request id (also on the result as ``tag`` if none is given).
+        """
+        (seq,) = inputs.token_lists("prompt", [prompt], vocab_size=self.vocab)
+        n = int(num_samples)
+        if n < 1:
+            raise ValueError(f"`num_samples` must be >= 1, got {num_samples}")
+        max_new = inputs.per_row_ints("max_new_tokens", self.params.max_new_tokens if max_new_tokens is None
+                                      else max_new_tokens, n, minimum=1)
+        if seq.size + max_new.max() > self.max_len:
+            raise ValueError(f"prompt ({seq.size} tokens) plus max_new_tokens ({max_new.max()}) exceeds the "
+                             f"engine's max_len={self.max_len}")
+        seqs = inputs.pad_rows([seq] * n, rows=n, width=self.max_len)
+        plen = np.full(n, seq.size, np.int32)
+        req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, key=key,
+                            row_keys=row_keys, stop_tokens=stop_tokens, keep_cache=keep_cache)
+        req.prompt = seq
+        self._prompts.append(req)
+        return req.rid
+
+    def submit_branch(self, rollouts: Rollouts, rows, positions, counts=1, *, key=None, row_keys=None,
+                      keep_cache: bool = False, tag=None) -> int:
+        """Queue continuations of ``rollouts`` (a result with its cache, e.g. from
+        ``submit(..., keep_cache=True)``), exactly as :func:`hindsight.sampling.branch` samples them."""
+        if rollouts.state.tokens.shape[1] != self.max_len:
+            raise ValueError(f"rollouts have cache length {rollouts.state.tokens.shape[1]}, engine {self.max_len}")
+        src, pos = branch_requests(rollouts, rows, positions, counts)
+        if rollouts.state.cache is None:
+            raise ValueError("these rollouts carry no cache: submit them with keep_cache=True to branch them")
+        host = jax.device_get((rollouts.state.tokens, rollouts.state.logprobs,
+                               rollouts.state.policy_logprobs, rollouts.state.stops))
+        seq, lp, plp, stops = (np.asarray(x)[src] for x in host)
+        plen = rollouts.prompt_lengths[src]
+        start = plen + pos - 1
+        keep = np.arange(self.max_len)[None, :] <= start[:, None]
+        req = self._request(src.size, tag, seqs=np.where(keep, seq, 0), plen=plen, starts=start,
+                            max_new=rollouts.max_new_tokens[src], key=key, row_keys=row_keys,
+                            stop_tokens=[tuple(s[s >= 0]) for s in stops], keep_cache=keep_cache)
+        req.logprobs, req.policy_logprobs = np.where(keep, lp, 0), np.where(keep, plp, 0)
+        req.parents, req.branch_positions = src, pos
+        req.source = (rollouts.state.cache, src)
+        self._branches.append(req)
+        return req.rid
+
+    def _request(self, n, tag, *, seqs, plen, starts, max_new, key, row_keys, stop_tokens, keep_cache):
+        rid, self._next_id = self._next_id, self._next_id + 1
+        keys = np.asarray(jax.random.key_data(inputs.row_keys(key, row_keys, n)))
+        stops = inputs.stop_table(stop_tokens, n, default=self.params.stop_tokens, vocab_size=self.vocab)
+        zeros = np.zeros((n, self.max_len), np.float32)
+        return _Request(rid=rid, tag=rid if tag is None else tag, n=n, seqs=seqs, prompt_lengths=plen,
+                        starts=starts.astype(np.int32), max_new=max_new, keys=keys, stops=stops,
+                        logprobs=zeros, policy_logprobs=zeros, parents=np.full(n, -1, np.int32),
+                        branch_positions=np.zeros(n, np.int32), keep_cache=keep_cache)
+
+    # ----------------------------------------------------------------------------- scheduling
+    @property
+    def idle(self) -> bool:
+        """No queued rows and no row decoding."""
+        return not self._prompts and not self._branches and all(o is None for o in self._owner)
+
+    def run(self, on_result: Callable[[object, Rollouts], None] | None = None) -> dict:
+        """Step until idle. ``on_result(tag, rollouts)`` is called for each completed request (it may
+        submit more work); returns ``{tag: Rollouts}`` of all requests completed during the run."""
+        out = {}
+        while not self.idle:
+            for tag, res in self.step():
+                out[tag] = res
+                if on_result is not None:
+                    on_result(tag, res)
+        return out
+
+    def step(self) -> list[tuple[object, Rollouts]]:
+        """Refill free slots, decode one chunk, harvest. Returns ``[(tag, Rollouts)]`` completed."""
+        t0 = time.perf_counter()
+        host = self._host_state()
+        self._refill(host)
+        self._state = self._push(host)
+        t1 = time.perf_counter()
+        busy = sum(o is not None for o in self._owner)
+        min_active = max(0, busy - self.refill_at) if (self._prompts or self._branches) else 0
+        self._state = decode_steps(self.graphdef, self.weights, self._state, jnp.int32(self.chunk_steps),
+                                   jnp.int32(min_active), params=self._trace_params)
+        jax.block_until_ready(self._state.active)
+        t2 = time.perf_counter()
+        self.stats["chunks"] += 1
+        done = self._harvest()
+        self.stats["refill_s"] += t1 - t0
+        self.stats["decode_s"] += t2 - t1
+        self.stats["harvest_s"] += time.perf_counter() - t2
+        return done
+
+    def _host_state(self) -> dict:
+        if self._state is None:
+            b, m = self.slots, self.max_len
+            self._state_cache = self.model.init_cache(b, m, dtype=self.cache_dtype)
+            return dict(tokens=np.zeros((b, m), np.int32), logprobs=np.zeros((b, m), np.float32),
+                        policy_logprobs=np.zeros((b, m), np.float32), last=np.zeros(b, np.int32),
+                        pos=np.zeros(b, np.int32), end=np.ones(b, np.int32), active=np.zeros(b, bool),
+                        keys=np.zeros((b, 2), np.uint32), stops=np.full((b, 1), -1, np.int32))
+        self._state_cache = self._state.cache
+        return self._host
+
+    def _push(self, host: dict) -> DecodeState:
+        fields = {k: jnp.asarray(v) for k, v in host.items()}
+        fields["keys"] = jax.random.wrap_key_data(fields["keys"])
+        return DecodeState(cache=self._state_cache, **fields)
+
+    def _refill(self, host: dict) -> None:
+        free = [s for s, o in enumerate(self._owner) if o is None]
+        plan = []  # (slot, request, row)
+        for queue in (self._branches, self._prompts):
+            while free and queue:
+                req = queue[0]
+                while free and req.placed < req.n:
+                    plan.append((free.pop(0), req, req.placed))
+                    req.placed += 1
+                if req.placed == req.n:
+                    queue.popleft()
+        if not plan:
+            return
+        self._prefill_sources({id(r): r for _, r, _ in plan if r.source is None}.values())
+        by_source = collections.defaultdict(list)
+        for slot, req, row in plan:
+            by_source[id(req.source[0])].append((slot, req, row))
+        for group in by_source.values():
+            src_cache = group[0][1].source[0]
+            self._state_cache = cache_rows.move_rows(self._state_cache, [s for s, _, _ in group], src_cache,
+                                                     [r.source[1][row] for _, r, row in group], self.axes)
+            self.stats["moves"] += 1
+        k = max(host["stops"].shape[1], max(r.stops.shape[1] for _, r, _ in plan))
+        if k > host["stops"].shape[1]:
+            host["stops"] = np.pad(host["stops"], ((0, 0), (0, k - host["stops"].shape[1])), constant_values=-1)
+        for slot, req, row in plan:
+            start = req.starts[row]
+            host["tokens"][slot] = req.seqs[row]
+            host["logprobs"][slot] = req.logprobs[row]
+            host["policy_logprobs"][slot] = req.policy_logprobs[row]
+            host["last"][slot], host["pos"][slot] = req.seqs[row, start], start
+            host["end"][slot] = req.prompt_lengths[row] + req.max_new[row]
+            host["active"][slot] = True
+            host["keys"][slot] = req.keys[row]
+            host["stops"][slot] = -1
+            host["stops"][slot, : req.stops.shape[1]] = req.stops[row]
+            self._owner[slot] = (req, row)
+
+    def _prefill_sources(self, reqs) -> None:
+        """One prefill for every prompt request about to get its first slot."""
+        reqs = list(reqs)
+        if not reqs:
+            return
+        width = min(prompt_bucket(max(r.prompt.size for r in reqs)), self.max_len)
+        tokens = inputs.pad_rows([r.prompt for r in reqs], rows=pow2_bucket(len(reqs)), width=width)
+        cache = prefill(self.graphdef, self.weights, jnp.asarray(tokens), max_len=self.max_len,
+                        cache_dtype=self.cache_dtype)
+        self.stats["prefills"] += 1
+        for i, r in enumerate(reqs):
+            r.source = (cache, np.full(r.n, i, np.int32))
+            r.prompt = None
+
+    def _harvest(self) -> list[tuple[object, Rollouts]]:
+        st = self._state
+        host = jax.device_get(st._replace(cache=None, keys=jax.random.key_data(st.keys)))
+        self._host = {k: np.array(v) for k, v in host._asdict().items() if k != "cache"}
+        seq, lp, plp = self._host["tokens"], self._host["logprobs"], self._host["policy_logprobs"]
+        pos, active = self._host["pos"], self._host["active"]
+        finished = collections.defaultdict(list)
+        for slot, owner in enumerate(self._owner):
+            if owner is not None and not active[slot]:
+                finished[id(owner[0])].append((slot, *owner))
+                self._owner[slot] = None
+        done = []
+        for group in finished.values():
+            req = group[0][1]
+            if req.out_seq is None:
+                req.out_seq, req.out_lp, req.out_plp = (np.zeros_like(a) for a in (req.seqs, req.logprobs,
+                                                                                    req.logprobs))
+                req.out_pos = np.zeros(req.n, np.int32)
+                if req.keep_cache:
+                    req.archive = self.model.init_cache(pow2_bucket(req.n), self.max_len, dtype=self.cache_dtype)
+            slots = [s for s, _, _ in group]
+            rows = [row for _, _, row in group]
+            req.out_seq[rows], req.out_lp[rows], req.out_plp[rows] = seq[slots], lp[slots], plp[slots]
+            req.out_pos[rows] = pos[slots]
+            if req.keep_cache:
+                req.archive = cache_rows.move_rows(req.archive, rows, self._state.cache, slots, self.axes)
+            req.done += len(group)
+            if req.done == req.n:
+                done.append((req.tag, self._result(req)))
+        return done
+
+    def _result(self, req: _Request) -> Rollouts:
+        bb = pow2_bucket(req.n)
+        pad = lambda a: np.concatenate([a, np.repeat(a[:1], bb - req.n, axis=0)]) if bb > req.n else a
+        keys = jax.random.wrap_key_data(jnp.asarray(req.keys))
+        state = DecodeState(
+            cache=req.archive, tokens=jnp.asarray(pad(req.out_seq)), logprobs=jnp.asarray(pad(req.out_lp)),
+            policy_logprobs=jnp.asarray(pad(req.out_plp)), last=jnp.asarray(pad(req.out_seq[np.arange(req.n),
+                                                                                             req.out_pos])),
+            pos=jnp.asarray(pad(req.out_pos)), end=jnp.asarray(pad(req.prompt_lengths + req.max_new)),
+            active=jnp.zeros(bb, bool), keys=jax.random.wrap_key_data(jnp.asarray(pad(req.keys))),
+            stops=jnp.asarray(pad(req.stops)))
+        req.source = req.seqs = None  # release the prefill / parent cache reference
+        return collect(state, rows=req.n, prompt_lengths=req.prompt_lengths, max_new_tokens=req.max_new,
+                       parents=req.parents, branch_positions=req.branch_positions, keys=keys,
+                       params=self.params, axes=self.axes)

@@ -1,0 +1,57 @@
+"""Teacher-forced scoring under other contexts equals a full forward pass on the concatenation."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hindsight.sampling import score_hidden, score_logits, score_logprobs
+
+CONTEXTS = [[5, 6, 7, 8, 9, 10, 11], [2, 3]]
+RESPONSES = [[20, 21, 22], [30, 31, 32, 33, 34], [40], [50, 51, 52, 53], [60, 61], [70, 71, 72, 73, 74, 75]]
+
+
+def full_forward_logits(model, pairs):
+    """Reference: one plain causal forward over each ``context + response`` (right-padded to one
+    length, which causality makes harmless); returns the logits predicting each response token."""
+    seqs = [c + r for c, r in pairs]
+    width = max(len(s) for s in seqs)
+    batch = jnp.asarray([s + [0] * (width - len(s)) for s in seqs])
+    logits = np.asarray(model(batch, jnp.broadcast_to(jnp.arange(width), batch.shape))[0], np.float64)
+    return [logits[i, len(c) - 1: len(c) + len(r) - 1] for i, (c, r) in enumerate(pairs)]
+
+
+def test_score_equals_full_forward(tiny):
+    """Responses 0..2 under context 0, 3..5 under context 1 (contiguous groups, context prefilled once)."""
+    lp = np.asarray(score_logprobs(tiny, CONTEXTS, RESPONSES))
+    logits = np.asarray(score_logits(tiny, CONTEXTS, RESPONSES))
+    assert lp.shape == (6, 6) and logits.shape == (6, 6, 96)
+    refs = full_forward_logits(tiny, [(CONTEXTS[b // 3], r) for b, r in enumerate(RESPONSES)])
+    for b, resp in enumerate(RESPONSES):
+        ref_logits = refs[b]
+        ref_lp = ref_logits - np.logaddexp.reduce(ref_logits, axis=-1, keepdims=True)
+        n = len(resp)
+        np.testing.assert_allclose(lp[b, :n], ref_lp[np.arange(n), resp], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(logits[b, :n], ref_logits, rtol=1e-5, atol=1e-5 * np.abs(ref_logits).max())
+        assert (lp[b, n:] == 0).all() and (logits[b, n:] == 0).all()
+
+
+def test_score_with_context_index_and_hidden(tiny):
+    idx = [1, 0, 1]
+    lp = np.asarray(score_logprobs(tiny, CONTEXTS, RESPONSES[:3], context_index=idx))
+    hidden, mask = score_hidden(tiny, CONTEXTS, RESPONSES[:3], context_index=idx)
+    assert hidden.shape == (3, 5, 32) and np.asarray(mask).sum() == 9
+    refs = full_forward_logits(tiny, [(CONTEXTS[i], r) for i, r in zip(idx, RESPONSES)])
+    for b, resp in enumerate(RESPONSES[:3]):
+        ref = refs[b]
+        ref_lp = ref - np.logaddexp.reduce(ref, axis=-1, keepdims=True)
+        np.testing.assert_allclose(lp[b, : len(resp)], ref_lp[np.arange(len(resp)), resp], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(contexts=[[]], responses=[[1]]), "empty"),
+    (dict(contexts=[[1]], responses=[[1, 500]]), "outside"),
+    (dict(contexts=[[1], [2]], responses=[[1], [2], [3]]), "contiguous groups"),
+    (dict(contexts=[[1]], responses=[[1]], context_index=[1]), "context_index"),
+])
+def test_score_rejects_bad_input(tiny, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        score_logprobs(tiny, **kwargs)
