@@ -1,0 +1,29 @@
+"""Rollout shapes: the training groups each method trains on, as batches of
+:mod:`hindsight.methods.batch`.
+
+* :mod:`~hindsight.rollout.group` — GRPO groups (``G`` independent samples per prompt).
+* :mod:`~hindsight.rollout.dynamic` — DAPO dynamic sampling (refill until enough mixed groups).
+* :mod:`~hindsight.rollout.hdl` / :mod:`~hindsight.rollout.branching` — HDL trees: roots, verifier
+  feedback, reflection, hindsight scores, branch points, continuations from the cached prefix.
+* :mod:`~hindsight.rollout.prompts` — chat-templated policy, reflection, hindsight, teacher and
+  probe contexts.
+* :mod:`~hindsight.rollout.assemble` — rows -> batch (``target_index``, bucketed widths, contexts).
+* :func:`collect` — the entry point, dispatching on the method's ``rollout`` and ``contexts``.
+"""
+from hindsight.rollout.assemble import GroupRows, assemble, context_arrays, context_logprobs
+from hindsight.rollout.branching import (TreeLayout, choose_branch_points, tree_advantages,
+                                         tree_layout)
+from hindsight.rollout.collect import SHAPES, RolloutConfig, RolloutStats, collect
+from hindsight.rollout.dynamic import sample_dynamic
+from hindsight.rollout.group import sample_groups
+from hindsight.rollout.hdl import TreeInfo, TreeOptions, sample_trees
+from hindsight.rollout.prompts import (Templates, hindsight_context, policy_prompt, probe_context,
+                                       reflection_prompt, teacher_context)
+
+__all__ = [
+    "SHAPES", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
+    "TreeOptions", "assemble", "choose_branch_points", "collect", "context_arrays",
+    "context_logprobs", "hindsight_context", "policy_prompt", "probe_context",
+    "reflection_prompt", "sample_dynamic", "sample_groups", "sample_trees", "teacher_context",
+    "tree_advantages", "tree_layout",
+]

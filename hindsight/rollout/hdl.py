@@ -1,0 +1,269 @@
+"""HDL trees (spec §2), several prompts at once through continuous-batching engines.
+
+Per prompt: ``num_roots`` roots (one request, kept with their caches) -> verify -> one reflection
+call per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score
+each root under its hindsight context ``h`` by teacher forcing
+(:func:`hindsight.sampling.score_logprobs`) and under the original context (the sampler's
+untruncated policy log-probs, or a re-score) -> ``s_t = |logp_h - logp_orig|`` -> branch points
+(:func:`hindsight.rollout.branching.choose_branch_points`) -> continuations branched from the
+roots' cached prefixes (the token at ``b`` resampled, from the *original* context) plus fresh
+rollouts for missing points -> verify the full sequences. Each stage is submitted from the
+engine's result callback, so prompt ``k``'s continuations decode in the same slot batch as prompt
+``k+1``'s roots.
+
+Reflections run in a second, smaller engine stepped in turn with the main one: their prompts (the
+whole attempt plus instructions) are several times longer than the policy prompt, and a decode
+step reads every cache slot of every row, so one shared engine sized for them would make every
+root and continuation step several times more expensive.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from hindsight.methods.hdl import HDLConfig
+from hindsight.rollout.assemble import GroupRows
+from hindsight.rollout.branching import TreeLayout, choose_branch_points, tree_layout
+from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, hindsight_context,
+                                       policy_prompt, reflection_prompt)
+from hindsight.rollout.runtime import PhaseClock, decode, fit_width, make_engine, request_key, \
+    verify_rows
+from hindsight.sampling import SamplingParams, score_logprobs
+from hindsight.signals import hindsight_divergence_from_logprobs
+from hindsight.tasks import Example
+
+_ROOTS, _REFLECT, _BRANCH, _FRESH, _RANDOM = range(5)
+_REFLECTION_SLOTS = 8  # fixed, so calls with different P share one compiled decode
+# Room in the reflection engine's cache for the verifier feedback and re-tokenisation of the
+# attempt inside the reflection prompt (its length is only known once the roots are verified).
+_FEEDBACK_SLACK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeOptions:
+    """HDL rollout settings not held by the method config (OUR CHOICE).
+
+    Attributes:
+      reflection_max_tokens: cap on each reflection's length (spec: "max ~1k").
+      hindsight_reflection_tokens: the reflection is left-truncated to this many tokens in ``h``.
+      rescore_original: score ``logp_orig`` by teacher forcing the roots after the prompt instead of
+        reusing the sampler's policy log-probs (same weights; only rounding differs).
+      templates: wording of the reflection prompt and ``h``.
+    """
+    reflection_max_tokens: int = 256
+    hindsight_reflection_tokens: int = 256
+    rescore_original: bool = False
+    templates: Templates = Templates()
+
+    def __post_init__(self):
+        for name in ("reflection_max_tokens", "hindsight_reflection_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"`{name}` must be a positive int, got {v!r}")
+
+
+@dataclasses.dataclass
+class TreeInfo:
+    """What a tree records besides its rows.
+
+    Attributes:
+      layout: row layout (:class:`hindsight.rollout.branching.TreeLayout`).
+      points: ``[R, K]`` branch points, best first (-1: replaced by fresh rollouts).
+      sources: per root, the selection step used (``"nms"``, ``"relaxed"``, ``"random"``,
+        ``"fresh"``).
+      scores: ``[R, T]`` HDL scores.
+      reflections: reflection texts; reflection_lengths: ``[R]`` their token counts.
+      feedback: verifier feedback per root.
+    """
+    layout: TreeLayout
+    points: np.ndarray
+    sources: list[str]
+    scores: np.ndarray
+    reflections: list[str]
+    reflection_lengths: np.ndarray
+    feedback: list[str]
+
+
+@dataclasses.dataclass
+class _Tree:
+    prompt: np.ndarray
+    roots: object = None
+    root_rewards: np.ndarray | None = None
+    root_texts: list | None = None
+    feedback: list | None = None
+    reflections: dict = dataclasses.field(default_factory=dict)
+    h: list | None = None
+    points: np.ndarray | None = None
+    sources: list | None = None
+    scores: np.ndarray | None = None
+    parts: dict = dataclasses.field(default_factory=dict)
+    waiting: int = 0
+
+
+def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
+                 params: SamplingParams, config: HDLConfig, options: TreeOptions = TreeOptions(),
+                 slots: int | None = None, chunk_steps: int = 16,
+                 clock: PhaseClock | None = None) -> tuple[list[GroupRows], list[TreeInfo]]:
+    """Sample one HDL tree per example.
+
+    Args:
+      examples: P examples.
+      key: PRNG key; every request's key is folded from it along ``(prompt, stage, root)``.
+      params: sampling parameters of roots, reflections and continuations (stop tokens included);
+        ``T = params.max_new_tokens``.
+      config: the HDL method config (roots, points, counts, tail guard, ``d_min`` rule).
+      options: :class:`TreeOptions`.
+      clock: records ``roots`` / ``reflection`` / ``continuations`` / ``fresh`` tokens and decode
+        time, ``scoring`` and ``verify`` host time.
+    Returns:
+      ``(groups, infos)``: P groups of ``config.group_size`` rows in the layout of
+      :mod:`hindsight.rollout.branching`, with ``hindsight`` contexts per row, and P
+      :class:`TreeInfo`.
+    """
+    clock = clock if clock is not None else PhaseClock()
+    width, n_roots = params.max_new_tokens, config.num_roots
+    trees = [_Tree(prompt=np.asarray(policy_prompt(tokenizer, ex), np.int32)) for ex in examples]
+    bare = max(len(reflection_prompt(tokenizer, ex, "", "", templates=options.templates))
+               for ex in examples)
+    engine = make_engine(model, params, longest_prompt=max(len(t.prompt) for t in trees),
+                         max_new_tokens=width, rows=len(trees) * config.group_size, slots=slots,
+                         chunk_steps=chunk_steps)
+    reflector = make_engine(model, params, longest_prompt=bare + width + _FEEDBACK_SLACK,
+                            max_new_tokens=options.reflection_max_tokens,
+                            rows=len(trees) * n_roots, slots=_REFLECTION_SLOTS,
+                            chunk_steps=chunk_steps)
+    groups: dict[int, GroupRows] = {}
+    infos: dict[int, TreeInfo] = {}
+
+    def on_roots(k, res):
+        tree, ex = trees[k], examples[k]
+        with clock.host_phase("verify"):
+            clock.tokens["roots"] += int(res.lengths.sum())
+            tree.roots = res
+            tree.root_rewards, tree.feedback, tree.root_texts = verify_rows(
+                task, ex, tokenizer, res.tokens, res.lengths)
+        with clock.host_phase("reflection"):
+            for r in range(n_roots):
+                feedback = CORRECT_FEEDBACK if tree.root_rewards[r] >= 1.0 else tree.feedback[r]
+                tree.feedback[r] = feedback
+                ids = reflection_prompt(tokenizer, ex, tree.root_texts[r], feedback,
+                                        templates=options.templates)
+                room = reflector.max_len - len(ids)
+                if room < 1:
+                    raise ValueError(f"the reflection prompt of example {k} ({len(ids)} tokens) "
+                                     f"does not fit the reflection cache ({reflector.max_len})")
+                reflector.submit(ids, max_new_tokens=min(options.reflection_max_tokens, room),
+                                 key=request_key(key, k, _REFLECT, r), tag=(_REFLECT, k, r))
+
+    def on_reflection(k, r, res):
+        tree = trees[k]
+        n = int(res.lengths[0])
+        clock.tokens["reflection"] += n
+        tree.reflections[r] = (res.tokens[0, :n], decode(tokenizer, res.tokens[0], n))
+        if len(tree.reflections) == n_roots:
+            with clock.host_phase("scoring"):
+                _score_and_branch(k)
+
+    def _score_and_branch(k):
+        tree, ex, roots = trees[k], examples[k], trees[k].roots
+        tree.h = [np.asarray(hindsight_context(
+            tokenizer, ex, tree.feedback[r], list(tree.reflections[r][0]),
+            max_reflection_tokens=options.hindsight_reflection_tokens,
+            templates=options.templates), np.int32) for r in range(n_roots)]
+        lengths = roots.lengths
+        live = [r for r in range(n_roots) if lengths[r] > 0]
+        logp_orig = fit_width(roots.policy_logprobs, width)
+        logp_hind = np.zeros_like(logp_orig)
+        if live:
+            resp = [roots.tokens[r, :lengths[r]] for r in live]
+            logp_hind[live] = fit_width(np.asarray(score_logprobs(
+                model, [tree.h[r] for r in live], resp)), width)
+            if options.rescore_original:
+                logp_orig[live] = fit_width(np.asarray(score_logprobs(
+                    model, [tree.prompt], resp)), width)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        tree.scores = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(
+            request_key(key, k, _RANDOM))))
+        picks = [choose_branch_points(tree.scores[r], int(lengths[r]), config, rng)
+                 for r in range(n_roots)]
+        tree.points = np.stack([p for p, _ in picks])
+        tree.sources = [s for _, s in picks]
+        rows, positions, counts = [], [], []
+        for r in range(n_roots):
+            for p, c in zip(tree.points[r], config.counts):
+                if p >= 0:
+                    rows.append(r), positions.append(int(p)), counts.append(c)
+        fresh = config.group_size - n_roots - sum(counts)
+        if rows:
+            tree.waiting += 1
+            engine.submit_branch(roots, np.array(rows), np.array(positions), np.array(counts),
+                                 key=request_key(key, k, _BRANCH), tag=(_BRANCH, k))
+        if fresh:
+            tree.waiting += 1
+            engine.submit(tree.prompt, num_samples=fresh, key=request_key(key, k, _FRESH),
+                          tag=(_FRESH, k))
+
+    def on_part(stage, k, res):
+        tree = trees[k]
+        tree.parts[stage] = res
+        if stage == _BRANCH:
+            clock.tokens["continuations"] += int((res.lengths - res.branch_positions).sum())
+        else:
+            clock.tokens["fresh"] += int(res.lengths.sum())
+        if len(tree.parts) == tree.waiting:
+            with clock.host_phase("verify"):
+                groups[k], infos[k] = _finish(k)
+
+    def _finish(k):
+        tree = trees[k]
+        layout = tree_layout(tree.points, config)
+        g = config.group_size
+        tokens = np.zeros((g, width), np.int32)
+        logprobs, policy_lp = np.zeros((g, width), np.float32), np.zeros((g, width), np.float32)
+        lengths = np.zeros(g, np.int32)
+        cursor = {_BRANCH: 0, _FRESH: 0}
+        sources = {TreeLayout.CONTINUATION: _BRANCH, TreeLayout.FRESH: _FRESH}
+        for i, (kind, r) in enumerate(zip(layout.kind, layout.root)):
+            if kind == TreeLayout.ROOT:
+                src, j = tree.roots, r
+            else:
+                stage = sources[int(kind)]
+                src, j = tree.parts[stage], cursor[stage]
+                cursor[stage] += 1
+            tokens[i] = fit_width(src.tokens[j:j + 1], width)[0]
+            logprobs[i] = fit_width(src.logprobs[j:j + 1], width)[0]
+            policy_lp[i] = fit_width(src.policy_logprobs[j:j + 1], width)[0]
+            lengths[i] = src.lengths[j]
+        t = np.arange(width)[None, :]
+        loss_mask = (t < lengths[:, None]) & (t >= layout.position[:, None])
+        rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, lengths)
+        refl_len = np.array([len(tree.reflections[r][0]) for r in range(n_roots)], np.int32)
+        generated = int((lengths - layout.position).sum() + refl_len.sum())
+        row = GroupRows(example=examples[k], example_index=k, prompt=tree.prompt, tokens=tokens,
+                        lengths=lengths, logprobs=logprobs, policy_logprobs=policy_lp, loss_mask=loss_mask,
+                        rewards=rewards, branch_positions=layout.position, texts=texts,
+                        generated_tokens=generated, hindsight=[tree.h[r] for r in layout.root])
+        info = TreeInfo(layout=layout, points=tree.points, sources=tree.sources,
+                        scores=tree.scores, reflections=[tree.reflections[r][1]
+                                                         for r in range(n_roots)],
+                        reflection_lengths=refl_len, feedback=tree.feedback)
+        tree.roots = tree.parts = None  # release the cached prefixes
+        return row, info
+
+    def on_result(tag, res):
+        if tag[0] == _ROOTS:
+            on_roots(tag[1], res)
+        elif tag[0] == _REFLECT:
+            on_reflection(tag[1], tag[2], res)
+        else:
+            on_part(tag[0], tag[1], res)
+
+    for k, tree in enumerate(trees):
+        engine.submit(tree.prompt, num_samples=n_roots, key=request_key(key, k, _ROOTS),
+                      keep_cache=True, tag=(_ROOTS, k))
+    clock.run([engine, reflector], on_result)
+    return [groups[k] for k in range(len(trees))], [infos[k] for k in range(len(trees))]

@@ -1,0 +1,122 @@
+"""What every rollout shape shares: the sampling engine, per-request keys, decoding + verification,
+and the wall-clock split by phase.
+
+All shapes decode through a continuous-batching :class:`hindsight.sampling.engine.Engine`, so rows
+of different prompts (and HDL's continuations) share the slot batch and decoding stays
+throughput-bound.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from hindsight.sampling import SamplingParams
+from hindsight.sampling.buckets import cache_len_bucket
+from hindsight.sampling.engine import Engine
+from hindsight.tasks import Example
+
+
+def with_eos(params: SamplingParams, tokenizer) -> SamplingParams:
+    """``params`` with the tokenizer's end-of-sequence id added to the stop tokens."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None or eos in params.stop_tokens:
+        return params
+    return dataclasses.replace(params, stop_tokens=tuple(params.stop_tokens) + (int(eos),))
+
+
+def make_engine(model, params: SamplingParams, *, longest_prompt: int, max_new_tokens: int,
+                rows: int, slots: int | None, chunk_steps: int) -> Engine:
+    """An engine whose cache fits ``longest_prompt + max_new_tokens``; ``slots`` defaults to
+    ``min(rows, 64)`` (the whole first wave when it fits)."""
+    max_len = cache_len_bucket(longest_prompt, max_new_tokens)
+    return Engine(model, params, slots=slots or min(rows, 64), max_len=max_len,
+                  chunk_steps=chunk_steps)
+
+
+def request_key(key, *path: int):
+    """A key for one engine request, folded from ``key`` along ``path`` (e.g. prompt, kind, root):
+    a request's draws do not depend on the order the engine schedules it in."""
+    for i in path:
+        key = jax.random.fold_in(key, i)
+    return key
+
+
+def decode(tokenizer, tokens: np.ndarray, length: int) -> str:
+    """Text of ``tokens[:length]`` without special tokens."""
+    return tokenizer.decode([int(t) for t in tokens[:length]], skip_special_tokens=True)
+
+
+def verify_rows(task, example: Example, tokenizer, tokens: np.ndarray, lengths: np.ndarray):
+    """Decode and verify each row. Returns ``(rewards [n] float32, feedback, texts)``."""
+    texts = [decode(tokenizer, tokens[i], int(lengths[i])) for i in range(len(lengths))]
+    verdicts = [task.verify(example, t) for t in texts]
+    rewards = np.array([v.reward for v in verdicts], np.float32)
+    bad = np.nonzero(~((rewards >= 0) & (rewards <= 1)))[0]
+    if bad.size:
+        raise ValueError(f"task {getattr(task, 'name', task)!r} returned reward {rewards[bad[0]]} "
+                         f"outside [0, 1]")
+    return rewards, [v.feedback for v in verdicts], texts
+
+
+def fit_width(a: np.ndarray, width: int) -> np.ndarray:
+    """``a [n, w]`` cut or zero-padded to ``[n, width]``."""
+    if a.shape[1] >= width:
+        return a[:, :width]
+    return np.pad(a, ((0, 0), (0, width - a.shape[1])))
+
+
+class PhaseClock:
+    """Wall-clock and generated tokens by phase.
+
+    Host work done in engine callbacks (verification, hindsight scoring) is timed directly. Decoding
+    is shared by every phase in flight, so the engine's decode time (its run time minus the
+    callbacks) is split across the decoding phases in proportion to the tokens each generated (a
+    decode step costs the same for every active slot).
+    """
+
+    def __init__(self):
+        self.host = collections.Counter()
+        self.tokens = collections.Counter()
+        self.decode_seconds = 0.0
+
+    @contextlib.contextmanager
+    def host_phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.host[name] += time.perf_counter() - start
+
+    def run(self, engines: Sequence[Engine], on_result) -> None:
+        """Step ``engines`` in turn (one decode chunk each) until all are idle, calling
+        ``on_result(tag, rollouts)`` for each completed request (it may submit more work to any of
+        them); their decode time is recorded."""
+        before = sum(self.host.values())
+        start = time.perf_counter()
+        while not all(e.idle for e in engines):
+            for engine in engines:
+                if not engine.idle:
+                    for tag, res in engine.step():
+                        on_result(tag, res)
+        self.decode_seconds += time.perf_counter() - start - (sum(self.host.values()) - before)
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds by phase (decode phases share ``decode_seconds`` by token count), plus
+        ``total``."""
+        total_tokens = sum(self.tokens.values())
+        out = {k: float(v) for k, v in self.host.items()}
+        for k, n in self.tokens.items():
+            share = self.decode_seconds * n / total_tokens if total_tokens else 0.0
+            out[k] = out.get(k, 0.0) + share
+        out["total"] = float(sum(self.host.values()) + self.decode_seconds)
+        return out
+
+
+def longest(prompts: Sequence) -> int:
+    return max(len(p) for p in prompts)

@@ -1,0 +1,110 @@
+"""HDL trees end to end on a tiny model: branch points where the (patched) hindsight score peaks,
+the 4/3 assignment, continuations sharing the root prefix token for token, suffix-only loss masks,
+exact token accounting, the hindsight context's alignment, and fallbacks that keep 16 rows."""
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import hindsight.rollout.hdl as hdl_module
+from hindsight.methods import check_batch, get_method
+from hindsight.rollout import (RolloutConfig, Templates, TreeOptions, collect, context_logprobs,
+                               tree_advantages, tree_layout)
+from hindsight.sampling import SamplingParams, score_logprobs
+from tests.rollout.helpers import ScriptedTask, examples
+
+SHORT = Templates(reflection_system="Reflect.", reflection_user="{question}|{attempt}|{feedback}",
+                  hindsight="{question}|{feedback}|{reflection}|solve")
+TREE = TreeOptions(reflection_max_tokens=8, hindsight_reflection_tokens=6, templates=SHORT,
+                   rescore_original=True)
+# eligible 1..39 for a 48-token root (tail guard 8); d_min = 16
+PEAKS = ({20: 5.0, 25: 4.0, 3: 3.0}, {38: 2.0, 44: 9.0, 10: 1.0})
+EXPECT = [[20, 3], [38, 10]]
+
+
+def fake_scores(model, contexts, responses, **kw):
+    """Original-context re-score (one shared prompt): log-prob 0 everywhere; hindsight scoring
+    (one context per root): known dips, so |logp_h - logp_orig| peaks where PEAKS say."""
+    out = np.zeros((len(responses), max(len(r) for r in responses)), np.float32)
+    if len(contexts) > 1:
+        for r, peaks in enumerate(PEAKS):
+            for t, v in peaks.items():
+                out[r, t] = -v
+    return out
+
+
+def test_tree_branches_at_peaks_with_suffix_masks(model, tokenizer, monkeypatch):
+    monkeypatch.setattr(hdl_module, "score_logprobs", fake_scores)
+    method = dataclasses.replace(get_method("hdl"), contexts=("hindsight",))
+    exs = examples("mixed", "zero")
+    batch, stats = collect(method, model, tokenizer, ScriptedTask(), exs, key=jax.random.key(3),
+                           sampling=SamplingParams(max_new_tokens=48),
+                           rollout=RolloutConfig(group_size=None, stop_at_eos=False, tree=TREE))
+    b, t = check_batch(batch, method="hdl", contexts=("hindsight",), fields=method.fields)
+    assert (b, t) == (32, 48)
+    assert stats.branch_positions == [EXPECT, EXPECT]
+    assert stats.branch_sources == [["nms", "nms"]] * 2
+    lengths = np.full(b, 48)  # stop tokens off: every response runs to the cap
+    positions = [0] + [20] * 4 + [3] * 3 + [0] + [38] * 4 + [10] * 3
+    tt = np.arange(t)
+    for g in range(2):
+        for i, bpos in enumerate(positions):
+            row, root = 16 * g + i, 16 * g + (0 if i < 8 else 8)
+            np.testing.assert_array_equal(batch["targets"][row, :bpos],
+                                          batch["targets"][root, :bpos])
+            np.testing.assert_array_equal(batch["mask"][row] > 0,
+                                          (tt >= bpos) & (tt < lengths[row]))
+    # continuations were sampled from the original context: logp_old of every loss token is the
+    # policy's log-prob after prompt + prefix (teacher forcing the batch reproduces it)
+    mask = batch["mask"] > 0
+    np.testing.assert_allclose(np.where(mask, context_logprobs(model, batch), 0),
+                               np.where(mask, batch["logp_old"], 0), atol=1e-5)
+    np.testing.assert_allclose(batch["advantages"], tree_advantages(
+        batch["rewards"], [tree_layout(np.array(EXPECT), get_method("hdl").config)] * 2,
+        group_size=16))
+    # tokens: roots in full, continuations' new suffixes, and the reflections
+    for g in range(2):
+        new = sum(48 - p for p in positions)
+        assert stats.generated_tokens[g] == new + stats.reflection_tokens[g]
+        assert stats.generated_tokens[g] == int(mask[16 * g:16 * g + 16].sum()) \
+            + stats.reflection_tokens[g]
+        assert 2 <= stats.reflection_tokens[g] <= 16
+    assert sum(stats.generated_tokens) == sum(stats.phase_tokens.values())
+    assert stats.phase_tokens["continuations"] == 2 * sum(48 - p for p in positions if p)
+    assert set(stats.seconds) >= {"roots", "reflection", "scoring", "continuations", "total"}
+    # the hindsight context holds h (never the attempt) and aligns like the policy context
+    h_lp = context_logprobs(model, batch, "hindsight")
+    for row in (0, 9):
+        n = int(batch["hindsight_target_index"][row, 0]) + 1
+        h = batch["hindsight_tokens"][row, :n]
+        text = tokenizer.decode(h.tolist(), skip_special_tokens=True)
+        assert text.startswith("<user>q0?|") and text.endswith("|solve\n<assistant>")
+        ref = np.asarray(score_logprobs(model, [h], [batch["targets"][row]]))[0]
+        np.testing.assert_allclose(h_lp[row], ref, atol=1e-5)
+
+
+def test_short_roots_fall_back_and_keep_16_rows(model, tokenizer):
+    cfg = get_method("hdl").make_config(baseline="node")
+    exs = examples("mixed")
+    batch, stats = collect("hdl", model, tokenizer, ScriptedTask(), exs, key=jax.random.key(4),
+                           sampling=SamplingParams(max_new_tokens=2), config=cfg,
+                           rollout=RolloutConfig(group_size=None, stop_at_eos=False, tree=TREE))
+    assert batch["targets"].shape == (16, 2)
+    # a 2-token root has one branchable position (1): 4 continuations there, 3 fresh rollouts
+    assert stats.branch_positions == [[[1, -1], [1, -1]]]
+    assert stats.branch_sources == [["random", "random"]]
+    expect = np.ones((16, 2), bool)
+    expect[[1, 2, 3, 4, 9, 10, 11, 12], 0] = False
+    np.testing.assert_array_equal(batch["mask"] > 0, expect)
+    lay = tree_layout(np.array([[1, -1], [1, -1]]), cfg)
+    np.testing.assert_allclose(batch["advantages"], tree_advantages(
+        batch["rewards"], [lay], group_size=16, baseline="node"), atol=1e-6)
+    assert stats.generated_tokens[0] == 32 - 8 + stats.reflection_tokens[0]
+    assert stats.phase_tokens["fresh"] == 12
+
+
+@pytest.mark.parametrize("bad", [0, True])
+def test_tree_options_validate(bad):
+    with pytest.raises(ValueError, match="reflection_max_tokens"):
+        TreeOptions(reflection_max_tokens=bad)
