@@ -96,6 +96,9 @@ def select_branch_points(scores: jax.Array, mask: jax.Array, num_points: int = 2
     check_rank("scores", scores, min_rank=1)
     valid = as_valid(mask, scores)
     s = jax.lax.stop_gradient(as_f32(scores))
+    # A NaN score ranks lowest; left as NaN, `s == best` would match nothing and argmax would
+    # return the ineligible position 0.
+    s = jnp.where(jnp.isnan(s), -jnp.inf, s)
     t = jnp.arange(shape_of(scores)[-1])
     length = jnp.sum(valid, axis=-1, keepdims=True)
     eligible = valid & (t >= 1) & (t <= length - 1 - tail_guard)

@@ -157,3 +157,12 @@ def test_bad_input():
         signals.select_branch_points(jnp.zeros((2, 3)), mask, num_points=0)
     with pytest.raises(ValueError, match="`min_gap`"):
         signals.select_branch_points(jnp.zeros((2, 3)), mask, min_gap=0)
+
+
+def test_select_branch_points_nan_scores_rank_lowest():
+    import jax.numpy as jnp
+    from hindsight.signals import select_branch_points
+    scores = jnp.array([[0.0, jnp.nan, 0.5, jnp.nan, 0.1, 0.0, 0.0, 0.0],
+                        [jnp.nan] * 8])
+    got = select_branch_points(scores, jnp.ones((2, 8)), num_points=2, min_gap=1, tail_guard=2)
+    assert got.tolist() == [[2, 4], [1, 2]]
