@@ -213,8 +213,9 @@ def main(argv=None) -> None:
         "reference_tokens": ref, "chunked_tokens": sizes, "chunk_size": base["chunk_size"],
         "peak_mem_ratio": min(v["peak_mem_ratio"] for v in per_loss.values()),
         "time_ratio": max(v["time_ratio"] for v in per_loss.values()),
-        "chunked_mem_growth": max(v["chunked_mem_growth"] for v in per_loss.values()
-                                  if v["chunked_mem_growth"] is not None),
+        # None when no loss ran at the larger sizes (--growth-losses "")
+        "chunked_mem_growth": max((v["chunked_mem_growth"] for v in per_loss.values()
+                                   if v["chunked_mem_growth"] is not None), default=None),
         "per_loss": per_loss, "results": results, "machine": machine(),
     }
     print(json.dumps(summary))
