@@ -52,6 +52,16 @@ def _fmt(items) -> str:
     return ", ".join(str(x) for x in items)
 
 
+def _last_list_verdict(expected: list, lists: list[list], *, what: str) -> Verdict:
+    """Reward 1 iff the response's last candidate list (one per line) equals ``expected``."""
+    if not lists:
+        return Verdict(0.0, f"expected `{_fmt(expected)}`, but no list of {what} was found")
+    got = lists[-1]
+    if got == expected:
+        return Verdict(1.0, "verified correct", _fmt(got))
+    return Verdict(0.0, f"expected `{_fmt(expected)}`, got `{_fmt(got)}`", _fmt(got))
+
+
 @register("reverse")
 @dataclasses.dataclass(frozen=True)
 class ReverseWords:
@@ -78,14 +88,8 @@ class ReverseWords:
         return _draw(self._make, split=split, count=count, seed=seed)
 
     def verify(self, example: Example, response: str) -> Verdict:
-        expected = list(reversed(example.data))
-        lists = word_lists(response, set(NOUNS))
-        if not lists:
-            return Verdict(0.0, f"expected `{_fmt(expected)}`, but no list of words was found")
-        got = lists[-1]
-        if got == expected:
-            return Verdict(1.0, "verified correct", _fmt(got))
-        return Verdict(0.0, f"expected `{_fmt(expected)}`, got `{_fmt(got)}`", _fmt(got))
+        return _last_list_verdict(list(reversed(example.data)), word_lists(response, set(NOUNS)),
+                                  what="words")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,11 +176,4 @@ class SortNumbers:
         return _draw(self._make, split=split, count=count, seed=seed)
 
     def verify(self, example: Example, response: str) -> Verdict:
-        expected = sorted(example.data)
-        lists = integer_lists(response)
-        if not lists:
-            return Verdict(0.0, f"expected `{_fmt(expected)}`, but no list of numbers was found")
-        got = lists[-1]
-        if got == expected:
-            return Verdict(1.0, "verified correct", _fmt(got))
-        return Verdict(0.0, f"expected `{_fmt(expected)}`, got `{_fmt(got)}`", _fmt(got))
+        return _last_list_verdict(sorted(example.data), integer_lists(response), what="numbers")
