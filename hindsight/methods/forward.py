@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight.methods.batch import context_key
+from hindsight.objectives import aggregate
 from hindsight.ops import chunked_map
 
 Side = tuple[jax.Array, jax.Array]
@@ -77,3 +78,12 @@ def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, 
 
     return chunked_map(row, [sides[n][0] for n in names], [sides[n][1] for n in names],
                        (targets,), chunk_size=chunk_size, temperature=temperature)
+
+
+def aggregate_rows(rows: dict, mask, *, loss: str):
+    """``(sum, count, metrics)``: token-mean of ``rows[loss] [B,T]`` is the loss; every other row of
+    per-position values is aggregated over the same mask as a ``(sum, count)`` metric."""
+    total, count = aggregate(rows[loss], mask)
+    metrics = {name: aggregate(value, mask) for name, value in rows.items() if name != loss}
+    metrics[loss] = (jax.lax.stop_gradient(total), count)
+    return total, count, metrics

@@ -19,10 +19,9 @@ import jax
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.methods.batch import check_batch
-from hindsight.methods.forward import context_hidden, gather, vocab_rows
+from hindsight.methods.forward import aggregate_rows, context_hidden, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_model)
-from hindsight.objectives import aggregate
 from hindsight.ops import entropy_from_logprobs, generalized_jsd_from_logprobs
 
 NAME = "opsd"
@@ -72,16 +71,11 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, reference=None, m
         sg = jax.lax.stop_gradient
         return {"jsd": generalized_jsd_from_logprobs(ls, lt, config.beta),
                 "entropy": sg(entropy_from_logprobs(ls)),
-                "gap": sg(gather(lt, tokens) - gather(ls, tokens))}
+                "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
 
     rows = vocab_rows(row, sides, batch["targets"], chunk_size=config.chunk_size,
                       temperature=config.temperature)
-    mask = batch["mask"]
-    total, count = aggregate(rows["jsd"], mask)
-    metrics = {"jsd": (jax.lax.stop_gradient(total), count),
-               "entropy": aggregate(rows["entropy"], mask),
-               "teacher_gap": aggregate(rows["gap"], mask)}
-    return total, count, metrics
+    return aggregate_rows(rows, batch["mask"], loss="jsd")
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=OPSDConfig(), contexts=CONTEXTS,

@@ -21,11 +21,10 @@ import jax
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.methods.batch import check_batch
-from hindsight.methods.forward import context_hidden, vocab_rows
+from hindsight.methods.forward import aggregate_rows, context_hidden, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, require_reference, resolve_config,
                                       teacher_model)
-from hindsight.objectives import aggregate
 from hindsight.ops import entropy_from_logprobs, generalized_jsd_from_logprobs, kl_from_logprobs
 from hindsight.signals import LOGP_TARGET_FLOOR, pmi_target_from_logprobs
 
@@ -91,12 +90,7 @@ def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, reference=None
 
     rows = vocab_rows(row, sides, batch["targets"], chunk_size=config.chunk_size,
                       temperature=config.temperature)
-    mask = batch["mask"]
-    total, count = aggregate(rows["jsd"], mask)
-    metrics = {"jsd": (jax.lax.stop_gradient(total), count),
-               "entropy": aggregate(rows["entropy"], mask),
-               "target_shift": aggregate(rows["target_shift"], mask)}
-    return total, count, metrics
+    return aggregate_rows(rows, batch["mask"], loss="jsd")
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=OPSDPMIConfig(), contexts=CONTEXTS,
