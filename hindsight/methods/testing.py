@@ -1,7 +1,11 @@
-"""A tiny random decoder and a random batch in the :mod:`hindsight.methods.batch` layout, for tests
-and quick experiments with any method (every context present, groups contiguous, right padding,
-an all-masked row and suffix-only continuation rows)."""
+"""A tiny random decoder, a character tokenizer for it, and a random batch in the
+:mod:`hindsight.methods.batch` layout, for tests and quick experiments with any method (every
+context present, groups contiguous, right padding, an all-masked row and suffix-only continuation
+rows). ``char_model()`` + ``CharTokenizer()`` are what the launcher's ``model.name="tiny-random"``
+loads."""
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +31,34 @@ def tiny_model(seed: int = 0, config: ModelConfig = TINY) -> Decoder:
     construction is slow; the seed is traced, so every seed shares one compile). Layers are
     unrolled (``scan_layers=False``): for two layers that compiles faster than a scan."""
     return _build(jax.random.key(seed), config)
+
+
+CHAR_VOCAB = 128
+CHAR_BOS, CHAR_EOS = 1, 2
+
+
+class CharTokenizer:
+    """One id per ASCII character (0-2 are pad / BOS / EOS; other characters map to 127); chat
+    turns as ``<role>text``. Implements the tokenizer methods the rollout layer calls."""
+    eos_token_id = CHAR_EOS
+
+    def encode(self, text, add_special_tokens=False):
+        return [min(ord(c), CHAR_VOCAB - 1) for c in text]
+
+    def __call__(self, text):
+        return {"input_ids": self.encode(text)}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids if not (skip_special_tokens and i <= CHAR_EOS))
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return [CHAR_BOS] + self.encode(text + ("<assistant>" if add_generation_prompt else ""))
+
+
+def char_model(seed: int = 0) -> Decoder:
+    """:func:`tiny_model` over :class:`CharTokenizer`'s 128 ids."""
+    return tiny_model(seed, dataclasses.replace(TINY, vocab_size=CHAR_VOCAB))
 
 
 @nnx.jit

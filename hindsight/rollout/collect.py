@@ -72,6 +72,9 @@ class RolloutStats:
       branch_positions: HDL, per group ``[R][K]`` points (-1: fresh rollouts instead).
       branch_sources: HDL, per group and root, the selection step used.
       sample_texts, reflections: a few decoded responses / reflections.
+      trace: HDL, the first tree's first root as a record for reports: ``tokens`` (text pieces),
+        ``scores`` (the hindsight score per token), ``points`` (its branch positions), ``reward``,
+        ``feedback``, ``reflection``; None for the other shapes.
     """
     rollout: str
     num_groups: int
@@ -90,6 +93,7 @@ class RolloutStats:
     branch_sources: list = dataclasses.field(default_factory=list)
     sample_texts: list[str] = dataclasses.field(default_factory=list)
     reflections: list[str] = dataclasses.field(default_factory=list)
+    trace: dict | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -149,6 +153,18 @@ def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Tem
                      for g in groups]
         out[name] = [ctx for g, ctx in zip(groups, per_group) for _ in range(g.size)]
     return out
+
+
+def _root_trace(tokenizer, group: GroupRows, info) -> dict:
+    """Root 0 of a tree, token by token, with its hindsight scores and branch points."""
+    row = int(np.nonzero((info.layout.kind == info.layout.ROOT) & (info.layout.root == 0))[0][0])
+    n = int(group.lengths[row])
+    ids = [int(t) for t in group.tokens[row, :n]]
+    return dict(tokens=[tokenizer.decode([t]) for t in ids],
+                scores=[float(s) for s in info.scores[0, :n]],
+                points=[int(p) for p in info.points[0] if p >= 0],
+                reward=float(group.rewards[row]), feedback=info.feedback[0],
+                reflection=info.reflections[0])
 
 
 def collect(method: str | Method, model, tokenizer, task, examples, *, key,

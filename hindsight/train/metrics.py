@@ -62,8 +62,10 @@ class MetricsLogger:
                              dynamic_ncols=True)
         self._start = time.perf_counter()
 
-    def write(self, step: int, metrics: dict) -> dict[str, float]:
-        """Record one step's metrics (device or Python scalars); returns them as floats."""
+    def write(self, step: int, metrics: dict, *, advance: bool = True) -> dict[str, float]:
+        """Record one step's metrics (device or Python scalars); returns them as floats.
+        ``advance=False`` records without moving the progress bar (e.g. an evaluation before
+        the first step)."""
         values = to_floats(metrics)
         for k, v in values.items():
             self.history.setdefault(k, []).append(v)
@@ -76,7 +78,7 @@ class MetricsLogger:
         if self._bar is not None:
             shown = {k: f"{values[k]:.4g}" for k in BAR_KEYS if k in values}
             self._bar.set_postfix(shown, refresh=False)
-            self._bar.update(1)
+            self._bar.update(1 if advance else 0)
         return values
 
     def summary(self) -> dict:

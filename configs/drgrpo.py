@@ -1,0 +1,11 @@
+"""Dr. GRPO: no std scaling of advantages, sequence-sum normalised by a constant.
+
+    python -m experiments.run --config=configs/drgrpo.py[:variant]   (variants: configs/base.py)
+"""
+from configs import base
+
+
+def get_config(variant: str | None = None):
+    config = base.method_file("drgrpo", variant)
+    config.method_config.max_response_length = config.rollout.max_new_tokens
+    return config

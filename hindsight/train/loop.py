@@ -1,0 +1,277 @@
+"""The RL loop: rollout -> verify -> signal -> update, with a run directory that resumes.
+
+    summary = hindsight.train.loop.run(config, workdir="runs/grpo")
+
+Each step samples ``rollout.prompts_per_step`` prompts of the task's train split (drawn from a
+seed derived from ``(seed, step)``, so the data order is a function of the step and a resumed run
+sees exactly the prompts an uninterrupted one would), collects the method's batch through
+:func:`hindsight.rollout.collect` with the current params, and applies one optimizer step of the
+method's loss (:func:`hindsight.train.make_train_step`). The run directory holds:
+
+* ``config.json`` — the resolved config; a later run in the same directory must match it except
+  for :data:`hindsight.train.experiment.RESUMABLE_KEYS` (else it refuses, naming the keys);
+* ``metrics.jsonl`` + TensorBoard events — per step: the loss metrics, ``reward``,
+  ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``, ``update_seconds``,
+  ``step_time``, ``tokens_per_s`` (generated tokens / step time) and, on evaluation steps,
+  ``eval_reward`` (held-out);
+* ``samples.jsonl`` — per step a few decoded responses (HDL: reflections, branch points and one
+  root's per-token hindsight scores);
+* ``checkpoints/`` — orbax checkpoints (state incl. optimizer, RNG, reference and method state)
+  every ``train.save_every`` steps, at the end, and when the run is interrupted;
+* ``summary.json`` — per-metric last / mean / min / max.
+
+Ctrl-C (SIGINT) stops the run at the next phase boundary (after the rollout or after the update)
+and writes a checkpoint of the last completed step; a second Ctrl-C aborts at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import signal
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hindsight.methods import get_method
+from hindsight.rollout import RolloutConfig, TreeOptions, collect, sample_groups
+from hindsight.rollout.runtime import with_eos
+from hindsight.sampling import SamplingParams
+from hindsight.tasks import get_task
+from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
+from hindsight.train.config import TrainConfig, validate
+from hindsight.train.experiment import (ConfigError, ExperimentConfig, config_differences, experiment_config,
+                                        group_size, method_config)
+from hindsight.train.mesh import MeshConfig, make_mesh, model_rules, shard_batch
+from hindsight.train.metrics import MetricsConfig, MetricsLogger, to_floats
+from hindsight.train.optim import OptimConfig, make_optimizer, make_schedule
+from hindsight.train.state import create_train_state
+from hindsight.train.step import StepConfig, make_train_step
+
+TINY_MODEL = "tiny-random"
+EVAL_STREAM = 2**31 - 1  # fold_in index of the evaluation key (training steps use 0, 1, ...)
+
+
+def load_policy(section, mesh):
+    """``(model, tokenizer)`` for the config's model section."""
+    if section.name == TINY_MODEL:
+        from hindsight.methods.testing import CharTokenizer, char_model
+        return char_model(0), CharTokenizer()
+    from hindsight.models import load
+    return load(section.name, dtype=jnp.dtype(section.dtype), mesh=mesh,
+                scan_layers=section.scan_layers, remat=section.remat)
+
+
+def train_examples(task, *, seed: int, step: int, count: int):
+    """The step's prompts: an endless stream from seeds ``(seed, step, chunk)``. Group/HDL rollouts
+    take the first ``count``; DAPO dynamic sampling draws more until it has enough mixed groups."""
+    base = int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+    for chunk in itertools.count():
+        yield from task.examples(split="train", count=count, seed=base + chunk)
+
+
+def sampling_params(exp: ExperimentConfig, *, temperature: float | None = None) -> SamplingParams:
+    r = exp.rollout
+    return SamplingParams(temperature=r.temperature if temperature is None else temperature,
+                          top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                          max_new_tokens=r.max_new_tokens)
+
+
+def rollout_config(exp: ExperimentConfig) -> RolloutConfig:
+    r = exp.rollout
+    tree = TreeOptions(reflection_max_tokens=r.reflection_max_tokens,
+                       hindsight_reflection_tokens=r.hindsight_reflection_tokens)
+    hdl = get_method(exp.method).rollout == "hdl_tree"
+    return RolloutConfig(group_size=None if hdl else r.group_size, slots=r.slots,
+                         chunk_steps=r.chunk_steps, tree=tree,
+                         num_sample_texts=exp.num_sample_texts)
+
+
+def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
+    """Mean reward of one sample per held-out example (``eval.*``)."""
+    e = exp.eval
+    examples = task.examples(split=e.split, count=e.num_examples, seed=exp.seed)
+    params = with_eos(sampling_params(exp, temperature=e.temperature), tokenizer)
+    groups = sample_groups(model, tokenizer, task, examples, key=key, params=params, group_size=1,
+                           slots=exp.rollout.slots, chunk_steps=exp.rollout.chunk_steps)
+    return float(np.mean([g.rewards.mean() for g in groups]))
+
+
+def _prepare_workdir(workdir: str, resolved: dict) -> None:
+    """Write ``config.json``, or check an existing one matches (a foreign run is refused)."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "config.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        diff = config_differences(saved, resolved)
+        if diff:
+            raise ConfigError(f"workdir {workdir!r} holds a run of another config (differs at "
+                             f"{diff}); resume it with its own config or use a new --workdir")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(resolved, f, indent=2, sort_keys=True)
+
+
+class _StopFlag:
+    """SIGINT -> ``stop`` is set; a second SIGINT raises KeyboardInterrupt (main thread only)."""
+
+    def __init__(self):
+        self.stop = False
+
+    def __call__(self, signum, frame):
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+        print("\n[hindsight] Ctrl-C: stopping at the next step boundary and saving a checkpoint "
+              "(Ctrl-C again to abort without saving)", flush=True)
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.signal(signal.SIGINT, self)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _rollout_metrics(stats) -> dict:
+    out = {"reward": stats.reward_mean, "response_length": stats.response_length_mean,
+           "generated_tokens_per_group": float(np.mean(stats.generated_tokens)),
+           "rollout_seconds": stats.seconds["total"]}
+    if stats.reflection_tokens:
+        out["reflection_tokens_per_group"] = float(np.mean(stats.reflection_tokens))
+    if stats.rollout == "dynamic":
+        out.update(gen_batches=stats.gen_batches, dropped_groups=stats.dropped_groups,
+                   filled_groups=stats.filled_groups)
+    return out
+
+
+def _sample_record(step: int, stats) -> dict:
+    rec = {"step": step, "texts": stats.sample_texts}
+    if stats.rollout == "hdl_tree":
+        rec.update(reflections=stats.reflections, branch_positions=stats.branch_positions,
+                   trace=stats.trace)
+    return rec
+
+
+def run(config, workdir: str, *, progress: bool = True) -> dict:
+    """Train ``config`` (ConfigDict or nested dicts, see :mod:`hindsight.train.experiment`) in
+    ``workdir``, resuming from its latest checkpoint when there is one.
+
+    Returns:
+      The metrics summary plus ``final_step``, ``interrupted`` (bool), ``workdir`` and
+      ``eval_reward`` (the list of ``(step, reward)`` evaluations of this invocation).
+    Raises:
+      :class:`~hindsight.train.experiment.ConfigError` for a bad config (before any model is
+      loaded) or a ``workdir`` holding a run of another config.
+    """
+    exp = experiment_config(config)
+    method = get_method(exp.method)
+    mcfg = method_config(exp)
+    resolved = exp.to_dict()
+    rows = exp.rollout.prompts_per_step * group_size(exp)
+    reference = {"auto": "frozen" if mcfg.needs_reference else None, "none": None}.get(
+        exp.train.reference, exp.train.reference)
+    t = exp.train
+    train_cfg = TrainConfig(
+        step=StepConfig(batch_size=rows, num_microbatches=t.num_microbatches,
+                        reference=reference, ema_decay=t.ema_decay),
+        mesh=MeshConfig(**dataclasses.asdict(t.mesh)),
+        optim=OptimConfig(**dataclasses.asdict(t.optim)),
+        checkpoint=CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
+                                    save_every=t.save_every, max_to_keep=t.max_to_keep),
+        metrics=MetricsConfig(logdir=workdir, progress=progress), num_steps=t.num_steps)
+    try:
+        validate(train_cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if mcfg.needs_reference and reference is None:
+        raise ConfigError(f"method {exp.method!r} with this method_config needs a reference model; "
+                         f"train.reference={t.reference!r} keeps none")
+    _prepare_workdir(workdir, resolved)
+
+    mesh = make_mesh(train_cfg.mesh)
+    model, tokenizer = load_policy(exp.model, mesh)
+    task = get_task(exp.task.name, **exp.task.options)
+    tx = make_optimizer(train_cfg.optim)
+    method_state = method.init_state(mcfg) if method.init_state is not None else None
+    state, shardings, model_def = create_train_state(
+        model, tx, mesh=mesh, rules=model_rules(mesh), seed=exp.seed, reference=reference,
+        method_state=method_state)
+    del model  # the state owns the params now; the policy is re-merged from it each step
+    step_fn = make_train_step(
+        method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
+        config=train_cfg.step, schedule=make_schedule(train_cfg.optim),
+        max_grad_norm=train_cfg.optim.max_grad_norm, loss_kwargs={"config": mcfg},
+        method_update=method.method_update(mcfg))
+    ckpt = Checkpointer(train_cfg.checkpoint)
+    if ckpt.latest_step is not None:
+        abstract = jax.eval_shape(lambda s: s, state)
+        state, _ = ckpt.restore(abstract, shardings)
+    start = int(state.step)
+    sampling, rollout = sampling_params(exp), rollout_config(exp)
+    root_key = jax.random.key(exp.seed)
+    logger = MetricsLogger(train_cfg.metrics, total_steps=t.num_steps, initial_step=start)
+    evals: list[tuple[int, float]] = []
+
+    def policy():
+        return model_def.merge(state.params)
+
+    def eval_due(step: int) -> bool:
+        if exp.eval.num_examples == 0:
+            return False
+        return step == t.num_steps or (exp.eval.every and step % exp.eval.every == 0)
+
+    if start == 0 and exp.eval.num_examples:
+        evals.append((0, evaluate(policy(), tokenizer, task, exp,
+                                  key=jax.random.fold_in(root_key, EVAL_STREAM))))
+        logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)
+    stop = _StopFlag()
+    saved_at = start
+    with stop.installed(), open(os.path.join(workdir, "samples.jsonl"), "a",
+                                encoding="utf-8") as samples:
+        for step in range(start, t.num_steps):
+            if stop.stop:
+                break
+            t0 = time.perf_counter()
+            examples = train_examples(task, seed=exp.seed, step=step,
+                                      count=exp.rollout.prompts_per_step)
+            if method.rollout != "dynamic":
+                examples = list(itertools.islice(examples, exp.rollout.prompts_per_step))
+            batch, stats = collect(method, policy(), tokenizer, task, examples,
+                                   key=jax.random.fold_in(root_key, step), sampling=sampling,
+                                   config=mcfg, rollout=rollout,
+                                   num_groups=exp.rollout.prompts_per_step)
+            if stop.stop:
+                break  # the rollout is discarded; the state is still that of `step`
+            t1 = time.perf_counter()
+            state, train_metrics = step_fn(state, shard_batch(batch, mesh))
+            record = to_floats(train_metrics)
+            t2 = time.perf_counter()
+            record.update(_rollout_metrics(stats), update_seconds=t2 - t1, step_time=t2 - t0,
+                          tokens_per_s=float(np.sum(stats.generated_tokens)) / (t2 - t0))
+            if eval_due(step + 1):
+                evals.append((step + 1, evaluate(policy(), tokenizer, task, exp,
+                                                 key=jax.random.fold_in(root_key, EVAL_STREAM))))
+                record["eval_reward"] = evals[-1][1]
+            logger.write(step + 1, record)
+            samples.write(json.dumps(_sample_record(step + 1, stats)) + "\n")
+            samples.flush()
+            if ckpt.save(step + 1, state, meta={"metrics": record}):
+                saved_at = step + 1
+    final = int(state.step)
+    if saved_at != final:
+        ckpt.save(final, state, meta={"interrupted": stop.stop}, force=True)
+    ckpt.close()
+    summary = logger.close()
+    summary.update(final_step=final, interrupted=stop.stop, workdir=workdir,
+                   eval_reward=[list(e) for e in evals])
+    return summary
