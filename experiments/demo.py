@@ -1,79 +1,77 @@
-"""`make demo` (interim main job): every credit signal on random logits, printed as a table.
+"""`make demo`, the main job: GRPO and HDL on the embedded SmolLM2-135M-Instruct, a few steps each,
+then a report.
 
-Replaced by the GRPO-vs-HDL run on the embedded model once the sampling and training layers land.
-Run: ``python -m experiments.demo [--batch 8 --group 4 --length 24 --vocab 512 --seed 0]``.
+    python -m experiments.demo [--steps 4] [--task reverse] [--out runs/demo] [--fresh]
+
+Both methods run ``configs/<method>.py:demo`` (same task, prompts per step, response cap and
+engine slots; GRPO samples 16 independent rows per prompt, HDL a tree of 16) through the launcher's
+loop (:func:`hindsight.train.loop.run`), each in its own run directory under ``--out``; an
+existing complete run is reported as is (``--fresh`` deletes it first). Writes
+``<out>/report.md`` (+ ``curves.png``, ``trajectory.png``) and ``<out>/summary.json`` with
+``hdl_token_saving`` / ``hdl_wallclock_saving`` (fractions of GRPO's generated tokens and rollout
+seconds per group, over the steps after the first, whose rollout includes compilation),
+``grpo_reward`` / ``hdl_reward`` (train reward per step) and the held-out evaluations.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
+import shutil
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-import hindsight as hs
+METHODS = ("grpo", "hdl")
 
 
-def _random_inputs(key, *, batch: int, length: int, vocab: int):
-    ks = jax.random.split(key, 6)
-    student = jax.random.normal(ks[0], (batch, length, vocab)) * 2.0
-    # Teacher / probe / base are perturbations of the student: realistic small disagreements.
-    teacher = student + jax.random.normal(ks[1], student.shape) * 1.0
-    probe = student + jax.random.normal(ks[2], student.shape) * 1.0
-    base = student + jax.random.normal(ks[3], student.shape) * 0.5
-    tokens = jax.random.categorical(ks[4], student)
-    lengths = jax.random.randint(ks[5], (batch,), length // 2, length + 1)
-    mask = jnp.arange(length)[None, :] < lengths[:, None]
-    return student, teacher, probe, base, tokens, mask
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=None, help="steps per method (config: 4)")
+    parser.add_argument("--task", default=None, help="synthetic task (config: reverse)")
+    parser.add_argument("--out", default=os.path.join("runs", "demo"))
+    parser.add_argument("--fresh", action="store_true", help="delete earlier demo runs first")
+    args = parser.parse_args(argv)
 
+    from absl import logging
+    logging.set_verbosity(logging.WARNING)
 
-def _stats(name: str, values, mask) -> dict:
-    v = np.asarray(values, np.float64)
-    m = np.broadcast_to(np.asarray(mask, bool), v.shape)
-    sel = v[m]
-    return {"signal": name, "shape": list(v.shape), "mean": float(sel.mean()), "min": float(sel.min()),
-            "max": float(sel.max()), "finite": bool(np.isfinite(v).all())}
+    from experiments.report import read_run, token_economics, write_report
+    from hindsight.train.loop import run
 
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--group", type=int, default=4)
-    p.add_argument("--length", type=int, default=24)
-    p.add_argument("--vocab", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    t0 = time.perf_counter()
-    student, teacher, probe, base, tokens, mask = _random_inputs(
-        jax.random.PRNGKey(a.seed), batch=a.batch, length=a.length, vocab=a.vocab)
-    # Mixed-outcome groups (half the rows of each group correct), so group advantages are non-zero.
-    rewards = jax.random.permutation(jax.random.PRNGKey(a.seed + 1),
-                                     (jnp.arange(a.batch) % 2).astype(jnp.float32).reshape(-1, a.group),
-                                     axis=1, independent=True).reshape(-1)
-    adv = hs.objectives.group_advantages(rewards, a.group)
-    sig = hs.signals
-    hd = jax.jit(sig.hindsight_divergence)(student, teacher, tokens, mask)
-    rows = [
-        _stats("hindsight_divergence (HDL)", hd, mask),
-        _stats("persistence_gate (PCSD)", jax.jit(sig.persistence_gate)(teacher, student, tokens, mask), mask),
-        _stats("counterfactual_credit (CRAFT)",
-               jax.jit(sig.counterfactual_credit, static_argnums=5)(teacher, student, tokens, mask, adv, a.group),
-               mask),
-        _stats("pmi_target (OPSD-PMI), max |sum q - 1|",
-               jnp.abs(jnp.exp(jax.jit(sig.pmi_target)(teacher, probe, base)).sum(-1) - 1), mask),
-    ]
-    log_q, alpha = jax.jit(sig.barycenter_target)(teacher, student)
-    rows.append(_stats("barycenter alpha (DemoPSD)", alpha, mask))
-    rows.append(_stats("barycenter_target, max |sum q - 1|", jnp.abs(jnp.exp(log_q).sum(-1) - 1), mask))
-    picks = sig.select_branch_points(hd, mask, num_points=2, min_gap=3, tail_guard=2)
-    width = max(len(r["signal"]) for r in rows)
-    print(f"{'signal':<{width}}  {'shape':<14} {'mean':>9} {'min':>9} {'max':>9}  finite")
-    for r in rows:
-        print(f"{r['signal']:<{width}}  {str(r['shape']):<14} {r['mean']:9.4f} {r['min']:9.4f} {r['max']:9.4f}  {r['finite']}")
-    print(f"HDL branch points per row (K=2, -1 = none): {np.asarray(picks).tolist()}")
-    print(json.dumps({"rows": rows, "seconds": round(time.perf_counter() - t0, 2)}))
+    start = time.perf_counter()
+    workdirs = {}
+    for method in METHODS:
+        config = importlib.import_module(f"configs.{method}").get_config("demo")
+        if args.steps is not None:
+            config.train.num_steps = config.train.save_every = args.steps
+        if args.task is not None:
+            config.task.name = args.task
+        workdirs[method] = os.path.join(args.out, method)
+        if args.fresh and os.path.exists(workdirs[method]):
+            shutil.rmtree(workdirs[method])
+        print(f"[demo] {method}: {config.train.num_steps} steps of {config.task.name} on "
+              f"{config.model.name} -> {workdirs[method]}", flush=True)
+        run(config, workdirs[method])
+    grpo, hdl = read_run(workdirs["grpo"]), read_run(workdirs["hdl"])
+    summary = {
+        **token_economics(grpo, hdl),
+        "grpo_reward": [r["reward"] for r in grpo["steps"]],
+        "hdl_reward": [r["reward"] for r in hdl["steps"]],
+        "grpo_eval_reward": grpo["evals"], "hdl_eval_reward": hdl["evals"],
+        "grpo_response_length": [r["response_length"] for r in grpo["steps"]],
+        "hdl_reflection_tokens_per_group": [r.get("reflection_tokens_per_group")
+                                            for r in hdl["steps"]],
+        "demo_seconds": round(time.perf_counter() - start, 1),
+        "loadavg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+    }
+    with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=2)
+    report = write_report([workdirs[m] for m in METHODS], args.out,
+                          title="make demo: GRPO vs HDL on SmolLM2-135M-Instruct", extra=summary)
+    print(f"[demo] HDL token saving {summary['hdl_token_saving']:.3f}, rollout wall-clock saving "
+          f"{summary['hdl_wallclock_saving']:.3f} (steps {summary['steps_compared']})")
+    print(f"[demo] report: {report}\n[demo] summary: {os.path.join(args.out, 'summary.json')}")
+    return summary
 
 
 if __name__ == "__main__":

@@ -212,7 +212,8 @@ def collect(method: str | Method, model, tokenizer, task, examples, *, key,
                      reflection_tokens=[int(i.reflection_lengths.sum()) for i in infos],
                      branch_sources=[i.sources for i in infos],
                      reflections=[r for i in infos for r in i.reflections][
-                         :rollout.num_sample_texts])
+                         :rollout.num_sample_texts],
+                     trace=_root_trace(tokenizer, groups[0], infos[0]))
     else:
         g = rollout.group_size
         if method.rollout == "group":
