@@ -1,0 +1,41 @@
+"""The demo's report: token economics from two run directories, Markdown + PNGs written."""
+import json
+import os
+
+import pytest
+
+from experiments.report import read_run, token_economics, write_report
+
+
+def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None):
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump({"method": method, "model": {"name": "m"}, "task": {"name": "t"},
+                   "rollout": {"prompts_per_step": prompts, "max_new_tokens": 8}}, f)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 0, "eval_reward": 0.25}) + "\n")
+        for i, (t, s) in enumerate(zip(tokens, seconds)):
+            f.write(json.dumps({"step": i + 1, "loss": 0.1, "reward": 0.5, "grad_norm": 1.0,
+                                "generated_tokens_per_group": t, "rollout_seconds": s,
+                                "update_seconds": 1.0, "step_time": 2.0}) + "\n")
+    with open(os.path.join(path, "samples.jsonl"), "w") as f:
+        f.write(json.dumps({"step": len(tokens), "texts": ["a\nb"], "trace": trace}) + "\n")
+
+
+def test_token_economics_and_report(tmp_path):
+    trace = {"tokens": ["x", "\n", "y", "z"], "scores": [0.0, 2.0, 0.5, 1.5], "points": [1, 3],
+             "reward": 0.0, "feedback": "expected z", "reflection": "r"}
+    _fake_run(tmp_path / "g", "grpo", [100, 200, 400], [50.0, 4.0, 8.0])
+    _fake_run(tmp_path / "h", "hdl", [90, 120, 200], [60.0, 3.0, 4.0], trace=trace)
+    g, h = read_run(str(tmp_path / "g")), read_run(str(tmp_path / "h"))
+    out = token_economics(g, h)  # steps 2 and 3 (step 1 holds the compiles)
+    assert out["steps_compared"] == [2, 3]
+    assert out["hdl_token_saving"] == pytest.approx(1 - 160 / 300)
+    assert out["hdl_wallclock_saving"] == pytest.approx(1 - 3.5 / 6.0)
+    assert out["grpo_rollout_seconds_per_group"] == pytest.approx(3.0)
+    path = write_report([str(tmp_path / "g"), str(tmp_path / "h")], str(tmp_path / "r"),
+                        extra=out)
+    text = open(path, encoding="utf-8").read()
+    assert "**⟦1: ⏎ (2.00)⟧**" in text and "**⟦3: z (1.50)⟧**" in text
+    for png in ("curves.png", "trajectory.png"):
+        assert os.path.getsize(tmp_path / "r" / png) > 1000
