@@ -23,6 +23,8 @@ import typing
 from collections.abc import Mapping
 
 from hindsight._validation import check_choice
+from hindsight.train.mesh import MeshConfig
+from hindsight.train.optim import OptimConfig
 
 DTYPES = ("float32", "bfloat16")
 REFERENCE_CHOICES = ("auto", "none", "frozen", "ema")
@@ -91,42 +93,18 @@ class RolloutSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimSection:
-    """Passed to :class:`hindsight.train.OptimConfig` (see it for meanings)."""
-    name: str = "adamw"
-    learning_rate: float = 1e-6
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_steps: int | None = None
-    final_lr_ratio: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    momentum: float = 0.0
-    max_grad_norm: float | None = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshSection:
-    """Mesh axis sizes (``-1``: all devices left over), see :class:`hindsight.train.MeshConfig`."""
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainSection:
     """``num_steps``: optimizer steps (one rollout each). ``reference``: ``"auto"`` keeps a frozen
     copy of the initial params when the method's config needs one and none otherwise; ``"none"``,
-    ``"frozen"``, ``"ema"`` (decay ``ema_decay``) force it. Checkpoints every ``save_every`` steps
+    ``"frozen"``, ``"ema"`` (decay ``ema_decay``) force it. ``optim`` and ``mesh`` are
+    :class:`~hindsight.train.OptimConfig` and :class:`~hindsight.train.MeshConfig`. Checkpoints every ``save_every`` steps
     (and at the end, and on Ctrl-C), the newest ``max_to_keep`` kept."""
     num_steps: int = 10
     num_microbatches: int = 1
     reference: str = "auto"
     ema_decay: float = 0.99
-    optim: OptimSection = OptimSection()
-    mesh: MeshSection = MeshSection()
+    optim: OptimConfig = OptimConfig()
+    mesh: MeshConfig = MeshConfig()
     save_every: int = 10
     max_to_keep: int = 2
 

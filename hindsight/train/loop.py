@@ -26,7 +26,6 @@ and writes a checkpoint of the last completed step; a second Ctrl-C aborts at on
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -47,9 +46,9 @@ from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
 from hindsight.train.config import TrainConfig, validate
 from hindsight.train.experiment import (ConfigError, ExperimentConfig, config_differences, experiment_config,
                                         group_size, method_config)
-from hindsight.train.mesh import MeshConfig, make_mesh, model_rules, shard_batch
+from hindsight.train.mesh import make_mesh, model_rules, shard_batch
 from hindsight.train.metrics import MetricsConfig, MetricsLogger, to_floats
-from hindsight.train.optim import OptimConfig, make_optimizer, make_schedule
+from hindsight.train.optim import make_optimizer, make_schedule
 from hindsight.train.state import create_train_state
 from hindsight.train.step import StepConfig, make_train_step
 
@@ -184,8 +183,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     train_cfg = TrainConfig(
         step=StepConfig(batch_size=rows, num_microbatches=t.num_microbatches,
                         reference=reference, ema_decay=t.ema_decay),
-        mesh=MeshConfig(**dataclasses.asdict(t.mesh)),
-        optim=OptimConfig(**dataclasses.asdict(t.optim)),
+        mesh=t.mesh, optim=t.optim,
         checkpoint=CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
                                     save_every=t.save_every, max_to_keep=t.max_to_keep),
         metrics=MetricsConfig(logdir=workdir, progress=progress), num_steps=t.num_steps)
