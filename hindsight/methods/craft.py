@@ -28,9 +28,8 @@ import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float, shape_of
 from hindsight.methods.batch import check_batch
-from hindsight.methods.forward import context_hidden
 from hindsight.methods.method import (TEACHERS, Method, require_reference,
-                                      resolve_config, teacher_model)
+                                      resolve_config, teacher_hidden)
 from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
 from hindsight.objectives import aggregate
 from hindsight.signals import (ControllerState, controller_init, controller_update,
@@ -147,8 +146,7 @@ def loss_fn(model, batch, *, config: CRAFTConfig | None = None, reference=None,
     if b % config.group_size:
         raise ValueError(f"method {NAME!r}: group_size={config.group_size} does not divide the "
                          f"batch size B={b}")
-    teacher = context_hidden(teacher_model(NAME, config.teacher, model, reference), batch,
-                             "teacher", frozen=True)
+    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
     rows = policy_rows(model, batch, config, reference=reference, teacher=teacher)
     total, count, metrics = surrogate_loss(rows, batch, config)
     mask, advantages = batch["mask"], batch["advantages"]

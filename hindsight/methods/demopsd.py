@@ -23,7 +23,7 @@ from hindsight._validation import check_choice, check_static_float
 from hindsight.methods.batch import check_batch
 from hindsight.methods.forward import context_hidden, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
-                                      require_no_state, resolve_config, teacher_model)
+                                      require_no_state, resolve_config, teacher_hidden)
 from hindsight.objectives import aggregate
 from hindsight.objectives.aggregation import as_mask
 from hindsight.objectives.kl_estimators import LOG_RATIO_CLIP
@@ -77,8 +77,7 @@ def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, reference=None
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     sides = {"student": context_hidden(model, batch),
-             "teacher": context_hidden(teacher_model(NAME, config.teacher, model, reference),
-                                       batch, "teacher", frozen=True)}
+             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch)}
 
     def row(logp, tokens):
         ls = logp["student"]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hindsight._validation import check_static_float
+from hindsight.methods.forward import context_hidden
 
 ROLLOUTS = ("group", "dynamic", "hdl_tree")
 """``group``: G independent samples per prompt; ``dynamic``: DAPO dynamic sampling (groups with
@@ -130,3 +131,10 @@ def teacher_model(name: str, teacher: str, model, reference):
         return model
     require_reference(name, reference, "teacher='reference'")
     return reference
+
+
+def teacher_hidden(name: str, teacher: str, model, reference, batch, context: str = "teacher"):
+    """The frozen teacher side ``(hidden [B, T, D], unembed [D, V])``: the batch's ``context``
+    run by :func:`teacher_model`'s weights under ``stop_gradient``."""
+    return context_hidden(teacher_model(name, teacher, model, reference), batch, context,
+                          frozen=True)

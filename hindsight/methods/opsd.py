@@ -21,7 +21,7 @@ from hindsight._validation import check_choice, check_static_float
 from hindsight.methods.batch import check_batch
 from hindsight.methods.forward import aggregate_rows, context_hidden, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
-                                      require_no_state, resolve_config, teacher_model)
+                                      require_no_state, resolve_config, teacher_hidden)
 from hindsight.ops import entropy_from_logprobs, generalized_jsd_from_logprobs
 
 NAME = "opsd"
@@ -63,8 +63,7 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, reference=None, m
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     sides = {"student": context_hidden(model, batch),
-             "teacher": context_hidden(teacher_model(NAME, config.teacher, model, reference),
-                                       batch, "teacher", frozen=True)}
+             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch)}
 
     def row(logp, tokens):
         ls, lt = logp["student"], logp["teacher"]

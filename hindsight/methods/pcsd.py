@@ -20,9 +20,8 @@ import jax
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.methods.batch import check_batch
-from hindsight.methods.forward import context_hidden
 from hindsight.methods.method import (TEACHERS, Method, require_no_state,
-                                      resolve_config, teacher_model)
+                                      resolve_config, teacher_hidden)
 from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
 from hindsight.objectives import aggregate
 from hindsight.signals import pcsd_loss, persistence_gate_from_gap
@@ -91,8 +90,7 @@ def loss_fn(model, batch, *, config: PCSDConfig | None = None, reference=None, m
     config = resolve_config(NAME, config, PCSDConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    teacher = context_hidden(teacher_model(NAME, config.teacher, model, reference), batch,
-                             "teacher", frozen=True)
+    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
     rows = policy_rows(model, batch, config, reference=reference, teacher=teacher,
                        teacher_kl=config.loss == "rkl")
     total, count, metrics = surrogate_loss(rows, batch, config)
