@@ -20,6 +20,10 @@ method's loss (:func:`hindsight.train.make_train_step`). The run directory holds
   every ``train.save_every`` steps, at the end, and when the run is interrupted;
 * ``summary.json`` — per-metric last / mean / min / max.
 
+Multi-host: every process samples the whole batch (identical, as the keys and params are) and
+feeds its own rows to the step; only the primary process writes files. (Tested on one process;
+the step itself is tested on two.)
+
 Ctrl-C (SIGINT) stops the run at the next phase boundary (after the rollout or after the update)
 and writes a checkpoint of the last completed step; a second Ctrl-C aborts at once.
 """
@@ -112,8 +116,9 @@ def _prepare_workdir(workdir: str, resolved: dict) -> None:
         if diff:
             raise ConfigError(f"workdir {workdir!r} holds a run of another config (differs at "
                              f"{diff}); resume it with its own config or use a new --workdir")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(resolved, f, indent=2, sort_keys=True)
+    if jax.process_index() == 0:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(resolved, f, indent=2, sort_keys=True)
 
 
 class _StopFlag:
@@ -139,6 +144,15 @@ class _StopFlag:
             yield self
         finally:
             signal.signal(signal.SIGINT, previous)
+
+
+def _local_rows(batch: dict) -> dict:
+    """This process's contiguous share of the batch rows. Every process samples the whole batch
+    (same key, same params, so the same rows) and feeds its own share to the sharded step."""
+    n, i = jax.process_count(), jax.process_index()
+    if n == 1:
+        return batch
+    return {k: v[i * (len(v) // n):(i + 1) * (len(v) // n)] for k, v in batch.items()}
 
 
 def _rollout_metrics(stats) -> dict:
@@ -234,8 +248,9 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)
     stop = _StopFlag()
     saved_at = start
-    with stop.installed(), open(os.path.join(workdir, "samples.jsonl"), "a",
-                                encoding="utf-8") as samples:
+    primary = jax.process_index() == 0
+    with stop.installed(), open(os.path.join(workdir, "samples.jsonl") if primary else os.devnull,
+                                "a", encoding="utf-8") as samples:
         for step in range(start, t.num_steps):
             if stop.stop:
                 break
@@ -251,7 +266,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
             if stop.stop:
                 break  # the rollout is discarded; the state is still that of `step`
             t1 = time.perf_counter()
-            state, train_metrics = step_fn(state, shard_batch(batch, mesh))
+            state, train_metrics = step_fn(state, shard_batch(_local_rows(batch), mesh))
             record = to_floats(train_metrics)
             t2 = time.perf_counter()
             record.update(_rollout_metrics(stats), update_seconds=t2 - t1, step_time=t2 - t0,
