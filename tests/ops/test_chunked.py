@@ -8,6 +8,7 @@ import pytest
 
 import hindsight.ops as ops
 from hindsight.ops import fused as fused_mod
+from hindsight.ops import masked_logits
 
 V = 53
 SHAPES = [(2, 5, 8), (1, 1, 8)]     # (B, T, D); with chunk_size 4, B*T = 10 needs padding
@@ -196,6 +197,135 @@ def test_fused_vmap(rng):
                                                       x["mask"]))(h) for h in hs]))
 
 
+# ---- closed-form dlogits of the built-in losses ----------------------------------------------------
+
+CLOSED = [("reverse_kl", 0.5), ("forward_kl", 0.5), ("jsd", 0.5), ("jsd", 0.1), ("jsd", 0.0),
+          ("jsd", 1.0)]
+
+
+def np_closed_reference(loss, beta, zs, zt, g, temperature, vm):
+    """Float64 NumPy ``(f, g * df/dz_s)`` of a built-in loss on raw projections ``zs, zt``."""
+    def lsm(z):
+        x = z / temperature
+        return np_lsm(x if vm is None else np.where(vm, x, -1e9))
+    ls, lt = lsm(zs), lsm(zt)
+    ps, pt = np.exp(ls), np.exp(lt)
+    b = {"reverse_kl": 1.0, "forward_kl": 0.0}.get(loss, beta)
+    if b == 1.0:
+        r = ls - lt
+        f = (ps * r).sum(-1)
+        dl = ps * (r - f[:, None])
+    elif b == 0.0:
+        f, dl = (pt * (lt - ls)).sum(-1), ps - pt
+    else:
+        lm = np.logaddexp(lt + np.log(b), ls + np.log1p(-b))
+        ks = (ps * (ls - lm)).sum(-1)
+        f = b * (pt * (lt - lm)).sum(-1) + (1 - b) * ks
+        dl = (1 - b) * ps * (ls - lm - ks[:, None])
+    return f, g[:, None] * dl / temperature
+
+
+@pytest.mark.parametrize("loss,beta", CLOSED)
+@pytest.mark.parametrize("temperature,masked", [(1.0, False), (0.7, True)])
+def test_closed_form_matches_float64_and_autodiff_of_dense_loss(rng, loss, beta, temperature, masked):
+    """``(f, dz)`` of the closed forms vs a float64 NumPy reference and vs the dense per-row loss with
+    its ``jax.vjp`` w.r.t. the raw projections (temperature and vocab mask included), on rows from
+    near-equal to very different distributions (logit scale up to 40, where the JSD's exponent cap
+    is reached); tolerance 1e-5 relative to the largest value, as for the other comparisons."""
+    c, v = 12, 211
+    scale = np.repeat([0.1, 1.0, 5.0, 40.0], 3)[:, None]
+    zs, zt = (rng.normal(size=(c, v)) * scale for _ in range(2))
+    zt[:3] = zs[:3] + 0.01 * zt[:3]                                  # near-equal rows
+    zs, zt = (np.asarray(z, np.float32).astype(np.float64) for z in (zs, zt))
+    vm = np.arange(v) % 17 != 3 if masked else None
+    g = rng.random(c)
+    row_loss, closed = fused_mod._row_loss(loss, beta)
+    cfg = fused_mod._Config(row_loss, closed, (c,), c, temperature)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)
+    vmj = None if vm is None else jnp.asarray(vm)
+    lmap = fused_mod._logit_map(cfg, vmj)
+    f, dz = closed(f32(zs), f32(zt), lmap, f32(g))
+    f_only, none = closed(f32(zs), f32(zt), lmap, None)
+    assert none is None and all_finite((f, dz))
+    want = np_closed_reference(loss, beta, zs, zt, g, temperature, vm)
+    close((f, f_only, dz), (want[0], want[0], want[1]))
+
+    lt = jax.nn.log_softmax(masked_logits(f32(zt) / temperature, vmj))
+    auto_f, vjp = jax.vjp(lambda z: row_loss(
+        jax.nn.log_softmax(masked_logits(z / temperature, vmj)), lt), f32(zs))
+    close((f, dz), (auto_f, vjp(f32(g))[0]))
+
+
+@pytest.mark.parametrize("loss,beta", CLOSED[:3])
+def test_fused_matches_dense_with_temperature_and_vocab_mask(rng, loss, beta):
+    x = make(rng, 2, 5, 8, scale=3.0)
+    vm = jnp.arange(V) < V - 4
+
+    def fused(hs, w):
+        return ops.fused_distillation_loss(hs, x["ht"], w, x["mask"], loss=loss, beta=beta,
+                                           vocab_mask=vm, temperature=0.7, chunk_size=3)[0]
+
+    def dense(hs, w):
+        zs, zt = hs @ w / 0.7, jax.lax.stop_gradient(x["ht"] @ w / 0.7)
+        b = {"reverse_kl": 1.0, "forward_kl": 0.0}.get(loss, beta)
+        return jnp.sum(x["mask"] * ops.generalized_jsd(zs, zt, b, vocab_mask=vm))
+
+    got = vg(fused, (0, 1))(x["hs"], x["w"])
+    close(got, vg(dense, (0, 1))(x["hs"], x["w"]))
+    assert not np.any(got[1][1][V - 4:])                 # padded vocabulary: zero unembedding gradient
+
+
+def test_fused_chunk_size_fills_the_budget_in_even_blocks():
+    v = 151_936
+    cap = fused_mod.FUSED_BLOCK_BYTES // (2 * 4 * v) // 8 * 8
+    assert cap == 192
+    assert fused_mod.fused_chunk_size(1024, v) == 176              # 6 blocks of 176, not 5 x 192 + 64
+    for n in (1, 7, 100, 192, 193, 1024, 4096, 8192, 10_000):
+        c = fused_mod.fused_chunk_size(n, v)
+        blocks = -(-n // c)
+        assert c % 8 == 0 and 8 <= c <= cap and blocks == -(-n // cap)
+        assert blocks * c - n < 8 * blocks                    # padding: under 8 rows per block
+    assert fused_mod.fused_chunk_size(10, 53) == 16           # small V: the whole input in one block
+
+
+@pytest.mark.parametrize("loss", list(ops.DISTILLATION_LOSSES))
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7, "vocab_mask": True}])
+def test_closed_form_block_holds_two_logit_buffers(loss, kw):
+    """XLA's buffer plan for a block of the closed-form path: the student and teacher logits, with
+    dlogits written over the student's (see ``fused._fresh``). Compile-only, at a size where XLA fuses
+    as at V = 151,936 (at V of a few thousand it picks other fusions and holds 3-4 buffers)."""
+    n, d, v, c = 512, 64, 32_768, 128
+    spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    vm = jax.ShapeDtypeStruct((v,), jnp.bool_)
+    kw = dict(kw)
+
+    def f(hs, ht, w, mask, vm):
+        extra = {**kw, "vocab_mask": vm} if "vocab_mask" in kw else kw
+        return ops.fused_distillation_loss(hs, ht, w, mask, loss=loss, chunk_size=c, **extra)[0]
+
+    args = (spec(1, n, d), spec(1, n, d), spec(d, v), spec(1, n), vm)
+    for fn in (jax.value_and_grad(f, argnums=(0, 2)), f):
+        temp = jax.jit(fn).lower(*args).compile().memory_analysis().temp_size_in_bytes
+        assert temp < 2.25 * c * v * 4, f"{temp / (c * v * 4):.2f} [C, V] float32 buffers"
+
+
+@pytest.mark.parametrize("loss", ["jsd", lambda ls, lt: ops.kl_from_logprobs(ls, lt)])
+def test_fused_working_memory_does_not_grow_with_positions(loss):
+    """No copy of the hidden states (nor of the per-row outputs) when the block does not divide the
+    positions: the last block is shifted back, not padded. 1,000 and 4,000 rows in blocks of 256."""
+    d, v, c = 1024, 8192, 256
+
+    def temp(n):
+        spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+        f = lambda hs, ht, w, m: ops.fused_distillation_loss(hs, ht, w, m, loss=loss, chunk_size=c)[0]
+        step = jax.jit(jax.value_and_grad(f, argnums=(0, 2)))
+        lowered = step.lower(spec(1, n, d), spec(1, n, d), spec(d, v), spec(1, n))
+        return lowered.compile().memory_analysis().temp_size_in_bytes
+
+    small, large = temp(1000), temp(4000)
+    assert large - small < 2 ** 20, (small, large)      # padding would copy 3 x 12 MB more
+
+
 # ---- float64 NumPy reference (values and closed-form gradients) -----------------------------------
 
 @pytest.mark.parametrize("beta", [0.25, 0.9])
@@ -239,9 +369,11 @@ def test_all_masked_is_zero_with_finite_grads(rng, loss):
 def test_large_logits_and_one_token_rows_are_finite(rng):
     x = make(rng, 4, 1, 8, scale=1e4 * np.sqrt(8) / 3)   # logits of order +-1e4, one token per row
     vm = jnp.arange(V) != 0
-    out = vg(lambda hs, w: ops.fused_distillation_loss(
-        hs, x["ht"], w, x["mask"], vocab_mask=vm, chunk_size=3)[0], (0, 1))(x["hs"], x["w"])
-    assert all_finite(out)
+    for loss in ops.DISTILLATION_LOSSES:
+        out = vg(lambda hs, w: ops.fused_distillation_loss(
+            hs, x["ht"], w, x["mask"], loss=loss, vocab_mask=vm, temperature=0.7,
+            chunk_size=3)[0], (0, 1))(x["hs"], x["w"])
+        assert all_finite(out), loss
     out = vg(lambda hs, w: jnp.sum(ops.chunked_token_logprobs(
         hs, w, x["tok"], vocab_mask=vm, with_entropy=True, chunk_size=3)[1]), (0, 1))(x["hs"], x["w"])
     assert all_finite(out)
