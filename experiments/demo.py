@@ -1,7 +1,7 @@
 """`make demo`, the main job: GRPO and HDL on the embedded SmolLM2-135M-Instruct, a few steps each,
 then a report.
 
-    python -m experiments.demo [--steps 4] [--task reverse] [--out runs/demo] [--fresh]
+    python -m experiments.demo [--steps 3] [--task count_letters] [--out runs/demo] [--fresh]
 
 Both methods run ``configs/<method>.py:demo`` (same task, prompts per step, response cap and
 engine slots; GRPO samples 16 independent rows per prompt, HDL a tree of 16) through the launcher's
@@ -26,8 +26,8 @@ METHODS = ("grpo", "hdl")
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="steps per method (config: 4)")
-    parser.add_argument("--task", default=None, help="synthetic task (config: reverse)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per method (config: 3)")
+    parser.add_argument("--task", default=None, help="synthetic task (config: count_letters)")
     parser.add_argument("--out", default=os.path.join("runs", "demo"))
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo runs first")
     args = parser.parse_args(argv)

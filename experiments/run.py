@@ -1,6 +1,6 @@
 """The launcher: train one experiment config in a run directory (resumes when it has a checkpoint).
 
-    python -m experiments.run --config=configs/hdl.py:smollm2-reverse --workdir=runs/hdl
+    python -m experiments.run --config=configs/hdl.py:smollm2-count_letters --workdir=runs/hdl
     python -m experiments.run --config=configs/grpo.py:tiny --config.train.num_steps=5 \\
         --config.train.optim.learning_rate=1e-5
 

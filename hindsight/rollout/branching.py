@@ -14,7 +14,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.methods.hdl import HDLConfig, min_gap
+from hindsight.methods.hdl import HDLConfig, min_gap, min_prefix
 from hindsight.objectives import group_advantages
 from hindsight.signals import select_branch_points
 
@@ -25,13 +25,15 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
                          rng: np.random.Generator) -> tuple[np.ndarray, str]:
     """Branch points of one root, best first, with the spec's fallbacks.
 
-    1. Greedy NMS over eligible positions (``1 <= t <= length - 1 - tail_guard``) with
-       ``d_min = max(16, floor(0.05 length))`` (:func:`hindsight.signals.select_branch_points`).
+    1. Greedy NMS over eligible positions (``h <= t <= length - 1 - tail_guard`` with
+       ``h = max(1, ceil(min_prefix_fraction * length))``,
+       :func:`hindsight.methods.hdl.min_prefix`) with ``d_min = max(16, floor(0.05 length))``
+       (:func:`hindsight.signals.select_branch_points`).
     2. If fewer than ``K`` survive: ``d_min = 1``.
-    3. If still fewer: uniform random distinct positions in ``1 <= t <= length - 1``. With
+    3. If still fewer: uniform random distinct positions in ``h <= t <= length - 1``. With
        ``d_min = 1`` step 2 already returns every position eligible under the tail guard, so a
        random fallback over that same set could add nothing; it relaxes the tail guard instead
-       (any position whose token is resampled) (OUR CHOICE).
+       (any position whose token is resampled) but keeps the head guard (OUR CHOICE).
     4. Points still missing are ``-1``: the caller replaces their continuations by fresh rollouts.
 
     Args:
@@ -43,6 +45,8 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
     k = config.num_points
     width = max(int(scores.shape[-1]), 1)
     mask = np.arange(width) < length
+    head = min_prefix(length, config)
+    after_head = np.arange(width) >= head
     s = np.zeros(width, np.float32)
     s[: scores.shape[-1]] = np.where(mask[: scores.shape[-1]], scores, 0.0)
     s = np.where(np.isfinite(s), s, 0.0)  # a NaN score must not steer the argmax
@@ -50,14 +54,15 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
     def nms(gap: int) -> np.ndarray:
         return np.asarray(select_branch_points(jnp.asarray(s[None]), jnp.asarray(mask[None]),
                                                num_points=k, min_gap=gap,
-                                               tail_guard=config.tail_guard))[0]
+                                               tail_guard=config.tail_guard,
+                                               eligible_mask=jnp.asarray(after_head[None])))[0]
 
     points, source = nms(min_gap(length, config)), "nms"
     if (points < 0).any():
         points, source = nms(1), "relaxed"
     if (points < 0).any():
         chosen = [int(p) for p in points if p >= 0]
-        pool = np.array([t for t in range(1, length) if t not in chosen], np.int64)
+        pool = np.array([t for t in range(head, length) if t not in chosen], np.int64)
         extra = rng.choice(pool, size=min(pool.size, k - len(chosen)), replace=False) \
             if pool.size else []
         chosen += [int(p) for p in extra]

@@ -11,10 +11,17 @@ rollouts for missing points -> verify the full sequences. Each stage is submitte
 engine's result callback, so prompt ``k``'s continuations decode in the same slot batch as prompt
 ``k+1``'s roots.
 
-Reflections run in a second, smaller engine stepped in turn with the main one: their prompts (the
-whole attempt plus instructions) are several times longer than the policy prompt, and a decode
-step reads every cache slot of every row, so one shared engine sized for them would make every
-root and continuation step several times more expensive.
+Reflections run in a second, smaller engine: their prompts (the whole attempt plus instructions)
+are several times longer than the policy prompt, and a decode step reads every cache slot of every
+row, so one shared engine sized for them would make every root and continuation step more
+expensive. The side engine is stepped only with a full slot batch of reflections, or when the main
+engine has nothing queued (:meth:`hindsight.rollout.runtime.PhaseClock.run`): a decode step costs
+about the same for one row as for eight, so stepping it for the one or two reflections of the
+latest tree, in turn with a busy main engine, would spend most of a step per reflection token.
+
+Shapes are fixed per call so that a training run compiles each once: hindsight scoring pads every
+root to ``T`` and every ``h`` to at least the bucket of its expected length
+(:func:`hindsight.sampling.score_logprobs`'s ``min_response_len`` / ``min_context_len``).
 """
 from __future__ import annotations
 
@@ -40,6 +47,12 @@ _REFLECTION_SLOTS = 8  # fixed, so calls with different P share one compiled dec
 # Room in the reflection engine's cache for the verifier feedback and re-tokenisation of the
 # attempt inside the reflection prompt (its length is only known once the roots are verified).
 _FEEDBACK_SLACK = 64
+# Typical verifier feedback length in ``h`` (sizes the scoring shape; longer feedback still fits,
+# at the next bucket).
+_FEEDBACK_TOKENS = 16
+
+
+REFLECTION_FRACTION = 8  # default reflection cap: T // 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,22 +60,42 @@ class TreeOptions:
     """HDL rollout settings not held by the method config (OUR CHOICE).
 
     Attributes:
-      reflection_max_tokens: cap on each reflection's length (spec: "max ~1k").
-      hindsight_reflection_tokens: the reflection is left-truncated to this many tokens in ``h``.
+      reflection_max_tokens: cap on each reflection's length. Default (None): an eighth of the
+        response cap ``T`` (at least 8). The spec's "max ~1k" is for long-CoT responses capped
+        at ~8k tokens: the same eighth. Reflections are generated tokens (the token economics
+        count them), two per 16-row group, decoded in a side engine at a worse per-token cost than
+        the policy rows, so a cap of ``T/8`` bounds them at ``T/4`` per group, 1/64 of a GRPO group
+        whose rows run to the cap. A small model rambles to whatever cap it gets (SmolLM2's
+        reflections nearly always reach it), and the verifier feedback, not the reflection,
+        carries most of what ``h`` knows.
+      hindsight_reflection_tokens: the reflection is left-truncated to this many tokens in ``h``
+        (default: the reflection cap, i.e. no truncation).
       rescore_original: score ``logp_orig`` by teacher forcing the roots after the prompt instead of
         reusing the sampler's policy log-probs (same weights; only rounding differs).
       templates: wording of the reflection prompt and ``h``.
     """
-    reflection_max_tokens: int = 256
-    hindsight_reflection_tokens: int = 256
+    reflection_max_tokens: int | None = None
+    hindsight_reflection_tokens: int | None = None
     rescore_original: bool = False
     templates: Templates = Templates()
 
     def __post_init__(self):
         for name in ("reflection_max_tokens", "hindsight_reflection_tokens"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be a positive int, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"`{name}` must be a positive int or None, got {v!r}")
+
+    def reflection_cap(self, max_new_tokens: int) -> int:
+        """The reflection cap for responses of at most ``max_new_tokens`` tokens."""
+        if self.reflection_max_tokens is not None:
+            return self.reflection_max_tokens
+        return max(8, int(max_new_tokens) // REFLECTION_FRACTION)
+
+    def hindsight_cap(self, max_new_tokens: int) -> int:
+        """Reflection tokens kept in ``h``."""
+        if self.hindsight_reflection_tokens is not None:
+            return self.hindsight_reflection_tokens
+        return self.reflection_cap(max_new_tokens)
 
 
 @dataclasses.dataclass
@@ -125,16 +158,20 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     """
     clock = clock if clock is not None else PhaseClock()
     width, n_roots = params.max_new_tokens, config.num_roots
+    refl_cap, h_cap = options.reflection_cap(width), options.hindsight_cap(width)
     trees = [_Tree(prompt=np.asarray(policy_prompt(tokenizer, ex), np.int32)) for ex in examples]
     bare = max(len(reflection_prompt(tokenizer, ex, "", "", templates=options.templates))
                for ex in examples)
+    # every hindsight context of the call is scored at one compiled shape (most fit this bucket)
+    h_floor = max(len(hindsight_context(tokenizer, ex, "", [], max_reflection_tokens=0,
+                                        templates=options.templates)) for ex in examples) \
+        + h_cap + _FEEDBACK_TOKENS
     engine = make_engine(model, params, longest_prompt=max(len(t.prompt) for t in trees),
                          max_new_tokens=width, rows=len(trees) * config.group_size, slots=slots,
                          chunk_steps=chunk_steps)
     reflector = make_engine(model, params, longest_prompt=bare + width + _FEEDBACK_SLACK,
-                            max_new_tokens=options.reflection_max_tokens,
-                            rows=len(trees) * n_roots, slots=_REFLECTION_SLOTS,
-                            chunk_steps=chunk_steps)
+                            max_new_tokens=refl_cap, rows=len(trees) * n_roots,
+                            slots=_REFLECTION_SLOTS, chunk_steps=chunk_steps)
     groups: dict[int, GroupRows] = {}
     infos: dict[int, TreeInfo] = {}
 
@@ -155,7 +192,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
                 if room < 1:
                     raise ValueError(f"the reflection prompt of example {k} ({len(ids)} tokens) "
                                      f"does not fit the reflection cache ({reflector.max_len})")
-                reflector.submit(ids, max_new_tokens=min(options.reflection_max_tokens, room),
+                reflector.submit(ids, max_new_tokens=min(refl_cap, room),
                                  key=request_key(key, k, _REFLECT, r), tag=(_REFLECT, k, r))
 
     def on_reflection(k, r, res):
@@ -171,7 +208,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
         tree, ex, roots = trees[k], examples[k], trees[k].roots
         tree.h = [np.asarray(hindsight_context(
             tokenizer, ex, tree.feedback[r], list(tree.reflections[r][0]),
-            max_reflection_tokens=options.hindsight_reflection_tokens,
+            max_reflection_tokens=h_cap,
             templates=options.templates), np.int32) for r in range(n_roots)]
         lengths = roots.lengths
         live = [r for r in range(n_roots) if lengths[r] > 0]
@@ -180,10 +217,11 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
         if live:
             resp = [roots.tokens[r, :lengths[r]] for r in live]
             logp_hind[live] = fit_width(np.asarray(score_logprobs(
-                model, [tree.h[r] for r in live], resp)), width)
+                model, [tree.h[r] for r in live], resp, min_response_len=width,
+                min_context_len=h_floor)), width)
             if options.rescore_original:
                 logp_orig[live] = fit_width(np.asarray(score_logprobs(
-                    model, [tree.prompt], resp)), width)
+                    model, [tree.prompt], resp, min_response_len=width)), width)
         mask = np.arange(width)[None, :] < lengths[:, None]
         tree.scores = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
         rng = np.random.default_rng(np.asarray(jax.random.key_data(
@@ -265,5 +303,5 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     for k, tree in enumerate(trees):
         engine.submit(tree.prompt, num_samples=n_roots, key=request_key(key, k, _ROOTS),
                       keep_cache=True, tag=(_ROOTS, k))
-    clock.run([engine, reflector], on_result)
+    clock.run([engine, reflector], on_result, batched=[reflector])
     return [groups[k] for k in range(len(trees))], [infos[k] for k in range(len(trees))]

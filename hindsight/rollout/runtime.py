@@ -93,17 +93,32 @@ class PhaseClock:
         finally:
             self.host[name] += time.perf_counter() - start
 
-    def run(self, engines: Sequence[Engine], on_result) -> None:
+    def run(self, engines: Sequence[Engine], on_result, *, batched: Sequence[Engine] = ()) -> None:
         """Step ``engines`` in turn (one decode chunk each) until all are idle, calling
         ``on_result(tag, rollouts)`` for each completed request (it may submit more work to any of
-        them); their decode time is recorded."""
+        them); their decode time is recorded.
+
+        An engine in ``batched`` (one of ``engines``) is stepped only when it has work for all its
+        slots, or when no engine outside ``batched`` has queued rows (then its results are what the
+        others wait for). A decode step costs nearly the same whether its slots are full or not (on a CPU the
+        weights are read once per step either way), so a side engine stepped for a row or two at a
+        time, in turn with a full main engine, would spend a near-full step per token it makes.
+        """
+        batched = [e for e in engines if any(e is b for b in batched)]
         before = sum(self.host.values())
         start = time.perf_counter()
         while not all(e.idle for e in engines):
             for engine in engines:
-                if not engine.idle:
-                    for tag, res in engine.step():
-                        on_result(tag, res)
+                if engine.idle:
+                    continue
+                if any(engine is b for b in batched):
+                    others_busy = any(e.queued_rows for e in engines
+                                      if not any(e is b for b in batched))
+                    full = engine.queued_rows + engine.active_rows >= engine.slots
+                    if others_busy and not full:
+                        continue
+                for tag, res in engine.step():
+                    on_result(tag, res)
         self.decode_seconds += time.perf_counter() - start - (sum(self.host.values()) - before)
 
     def seconds(self) -> dict[str, float]:

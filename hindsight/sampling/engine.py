@@ -161,6 +161,16 @@ class Engine:
         """No queued rows and no row decoding."""
         return not self._prompts and not self._branches and all(o is None for o in self._owner)
 
+    @property
+    def queued_rows(self) -> int:
+        """Rows submitted but not yet placed in a slot."""
+        return sum(r.n - r.placed for q in (self._prompts, self._branches) for r in q)
+
+    @property
+    def active_rows(self) -> int:
+        """Rows occupying a slot (decoding, or finished and waiting for the next harvest)."""
+        return sum(o is not None for o in self._owner)
+
     def run(self, on_result: Callable[[object, Rollouts], None] | None = None) -> dict:
         """Step until idle. ``on_result(tag, rollouts)`` is called for each completed request (it may
         submit more work); returns ``{tag: Rollouts}`` of all requests completed during the run."""

@@ -28,7 +28,16 @@ def _forward_hidden(graphdef, weights, cache, tokens, positions):
     return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True)[0]
 
 
-def _prepare(model, contexts, responses, context_index, cache_dtype):
+def _bucket_floor(name, value):
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive int or None, got {value!r}")
+    return value
+
+
+def _prepare(model, contexts, responses, context_index, cache_dtype, min_response_len=None,
+             min_context_len=None):
     vocab = model.config.vocab_size
     ctx = inputs.token_lists("contexts", contexts, vocab_size=vocab)
     resp = inputs.token_lists("responses", responses, vocab_size=vocab)
@@ -44,9 +53,9 @@ def _prepare(model, contexts, responses, context_index, cache_dtype):
     if context_index.min() < 0 or context_index.max() >= n_c:
         raise ValueError(f"`context_index` must lie in [0, {n_c}), got {context_index.min()}..{context_index.max()}")
     lengths = np.array([r.size for r in resp], np.int32)
-    t_b = pow2_bucket(int(lengths.max()), 16)
+    t_b = pow2_bucket(max(int(lengths.max()), _bucket_floor("min_response_len", min_response_len)), 16)
     clen = np.array([c.size for c in ctx], np.int32)[context_index]
-    s_b = prompt_bucket(int(clen.max()))
+    s_b = prompt_bucket(max(int(clen.max()), _bucket_floor("min_context_len", min_context_len)))
     m = cache_len_bucket(s_b, t_b)
     bb = pow2_bucket(b)
     graphdef, weights = split_model(model)
@@ -69,7 +78,8 @@ def _prepare(model, contexts, responses, context_index, cache_dtype):
     return hidden, targets, mask, b, int(lengths.max())
 
 
-def score_hidden(model, contexts, responses, *, context_index=None, cache_dtype=None):
+def score_hidden(model, contexts, responses, *, context_index=None, cache_dtype=None,
+                 min_response_len=None, min_context_len=None):
     """Final hidden states predicting each response token under its context.
 
     Args:
@@ -77,20 +87,28 @@ def score_hidden(model, contexts, responses, *, context_index=None, cache_dtype=
       contexts: C token sequences (each non-empty).
       responses: B token sequences (each non-empty; lengths may differ).
       context_index: ``[B]`` context of each response (default: contiguous groups, ``B % C == 0``).
+      min_response_len, min_context_len: pad the responses / contexts to the buckets of at least
+        these lengths (:mod:`hindsight.sampling.buckets`), so that calls whose lengths vary (e.g.
+        one per HDL tree) share one compiled shape instead of compiling per bucket they hit.
     Returns:
       ``(hidden [B,T,D], mask [B,T] bool)`` with T the longest response; ``hidden[b,t]`` is the
       state from which ``responses[b][t]`` is predicted. Feed it with ``model.unembedding()`` to any
       ``hindsight.ops.chunked_*`` reduction.
     """
-    hidden, _, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype)
+    hidden, _, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype,
+                                     min_response_len, min_context_len)
     return hidden[:b, :t], jnp.asarray(mask[:b, :t])
 
 
 def score_logprobs(model, contexts, responses, *, context_index=None, chunk_size: int = 256,
-                   temperature: float = 1.0, cache_dtype=None):
+                   temperature: float = 1.0, cache_dtype=None, min_response_len=None,
+                   min_context_len=None):
     """Teacher-forced log-probs ``[B,T]`` float32 of each response token under its context (0 past
-    a response's end), computed in vocabulary chunks (no ``[B,T,V]`` logits)."""
-    hidden, targets, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype)
+    a response's end), computed in vocabulary chunks (no ``[B,T,V]`` logits). ``T`` is the longest
+    response; ``min_response_len`` / ``min_context_len`` as in :func:`score_hidden` (they change
+    the compiled shapes, not the result)."""
+    hidden, targets, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype,
+                                           min_response_len, min_context_len)
     lp = chunked_token_logprobs(hidden, model.unembedding(), jnp.asarray(targets), chunk_size=chunk_size,
                                 temperature=temperature)
     return jnp.where(jnp.asarray(mask), lp, 0.0)[:b, :t]

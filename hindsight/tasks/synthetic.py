@@ -1,9 +1,15 @@
 """Synthetic verifiable tasks sized for a 135M-parameter model (SmolLM2 solves 2-20% of them).
 
 Each task draws items from a seeded generator; an item belongs to the ``test`` split when a stable hash
-of its canonical form is 0 mod 5, so the splits are disjoint whatever the seeds. ``style="reasoning"``
-asks for step-by-step work before the answer, which lengthens responses (HDL's token economics are
-measured on responses of 64+ tokens).
+of its canonical form is 0 mod 5, so the splits are disjoint whatever the seeds. The ``style`` appends
+an instruction to the question (the answer and verifier do not change):
+
+* ``"direct"``: nothing (short answers).
+* ``"reasoning"``: step-by-step work before the answer. SmolLM2-135M-Instruct often answers in a
+  sentence anyway (arithmetic: 63 tokens on average at temperature 1, cap 128).
+* ``"explain"``: asks for the reasoning to be explained step by step: SmolLM2's responses are
+  longer and less bimodal (count_letters at temperature 0.7, min-p 0.1, cap 128: 92 tokens on
+  average, 11% correct; HDL's token economics are measured on responses of 64+ tokens).
 """
 from __future__ import annotations
 
@@ -19,10 +25,11 @@ NOUNS = ("apple", "bird", "book", "car", "cat", "chair", "cloud", "cup", "dog", 
          "hat", "house", "key", "lamp", "moon", "phone", "river", "shoe", "star", "sun", "table", "tree")
 LONG_WORDS = ("banana", "strawberry", "mississippi", "committee", "balloon", "bookkeeper", "letter",
               "parallel", "pepper", "coffee", "assessment", "butterfly", "tomorrow", "success", "address")
-STYLES = ("direct", "reasoning")
+STYLES = ("direct", "reasoning", "explain")
 _STYLE_SUFFIX = {
     "direct": "",
     "reasoning": " Think step by step, then write the final answer alone on the last line.",
+    "explain": " Explain your reasoning step by step, then write the final answer alone on the last line.",
 }
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hindsight.methods.hdl import HDLConfig
+from hindsight.methods.hdl import HDLConfig, min_prefix
 from hindsight.rollout import TreeLayout, choose_branch_points, tree_advantages, tree_layout
 
 LOGP_ORIG = np.array([-0.1, -0.5, -2.0, -0.2, -0.3, -1.5, -0.1, -0.05, -0.4, -0.2])
@@ -13,10 +13,33 @@ RNG = lambda: np.random.default_rng(0)
 
 def test_spec_toy_points():
     s = np.abs(LOGP_HIND - LOGP_ORIG) * (np.arange(10) < 9)
-    pts, src = choose_branch_points(s, 9, HDLConfig(tail_guard=2, min_gap_floor=1), RNG())
+    spec = dict(tail_guard=2, min_prefix_fraction=0.0)  # the spec's eligibility: t >= 1
+    pts, src = choose_branch_points(s, 9, HDLConfig(min_gap_floor=1, **spec), RNG())
     assert pts.tolist() == [6, 5] and src == "nms"
-    pts, src = choose_branch_points(s, 9, HDLConfig(tail_guard=2, min_gap_floor=3), RNG())
+    pts, src = choose_branch_points(s, 9, HDLConfig(min_gap_floor=3, **spec), RNG())
     assert pts.tolist() == [6, 2] and src == "nms"
+    # the default head guard (first quarter: t < ceil(9 / 4) = 3) drops 2; 3 is the next one
+    # at least 3 from 6
+    pts, src = choose_branch_points(s, 9, HDLConfig(tail_guard=2, min_gap_floor=3), RNG())
+    assert pts.tolist() == [6, 3] and src == "nms"
+
+
+def test_head_guard_skips_the_opening():
+    """An early peak (the opening, where h's wording shows) loses to a lower peak past the first
+    quarter; with the fraction at 0 it wins again."""
+    s = np.zeros(64)
+    s[[1, 10, 30, 50]] = [9.0, 8.0, 2.0, 1.0]
+    assert min_prefix(60, HDLConfig()) == 15 and min_prefix(3, HDLConfig()) == 1
+    assert choose_branch_points(s, 60, HDLConfig(), RNG())[0].tolist() == [30, 50]
+    spec = HDLConfig(min_prefix_fraction=0.0)
+    assert choose_branch_points(s, 60, spec, RNG())[0].tolist() == [1, 30]
+    # a 12-token root has one eligible position (head guard t >= 3, tail guard t <= 3); the
+    # second point is drawn at random past the head guard (tail guard relaxed)
+    pts, src = choose_branch_points(np.zeros(12), 12, HDLConfig(), RNG())
+    assert src == "random" and pts[0] == 3 and 3 <= pts[1] <= 11
+    for bad in (1.0, -0.1, True):
+        with pytest.raises(ValueError, match="min_prefix_fraction"):
+            HDLConfig(min_prefix_fraction=bad)
 
 
 def test_relaxed_then_random_then_fresh():

@@ -18,9 +18,10 @@ SHORT = Templates(reflection_system="Reflect.", reflection_user="{question}|{att
                   hindsight="{question}|{feedback}|{reflection}|solve")
 TREE = TreeOptions(reflection_max_tokens=8, hindsight_reflection_tokens=6, templates=SHORT,
                    rescore_original=True)
-# eligible 1..39 for a 48-token root (tail guard 8); d_min = 16
-PEAKS = ({20: 5.0, 25: 4.0, 3: 3.0}, {38: 2.0, 44: 9.0, 10: 1.0})
-EXPECT = [[20, 3], [38, 10]]
+# eligible 12..39 for a 48-token root (head guard: the first quarter; tail guard 8); d_min = 16.
+# Root 0: 25 is suppressed by 20, 3 is in the head. Root 1: 44 is in the tail, 10 in the head.
+PEAKS = ({20: 5.0, 25: 4.0, 3: 9.0, 37: 3.0}, {38: 2.0, 44: 9.0, 10: 8.0, 16: 1.0})
+EXPECT = [[20, 37], [38, 16]]
 
 
 def fake_scores(model, contexts, responses, **kw):
@@ -46,7 +47,7 @@ def test_tree_branches_at_peaks_with_suffix_masks(model, tokenizer, monkeypatch)
     assert stats.branch_positions == [EXPECT, EXPECT]
     assert stats.branch_sources == [["nms", "nms"]] * 2
     lengths = np.full(b, 48)  # stop tokens off: every response runs to the cap
-    positions = [0] + [20] * 4 + [3] * 3 + [0] + [38] * 4 + [10] * 3
+    positions = [0] + [20] * 4 + [37] * 3 + [0] + [38] * 4 + [16] * 3
     tt = np.arange(t)
     for g in range(2):
         for i, bpos in enumerate(positions):
@@ -108,3 +109,20 @@ def test_short_roots_fall_back_and_keep_16_rows(model, tokenizer):
 def test_tree_options_validate(bad):
     with pytest.raises(ValueError, match="reflection_max_tokens"):
         TreeOptions(reflection_max_tokens=bad)
+
+
+def test_reflection_cap_defaults_to_an_eighth_of_the_response_cap():
+    assert TreeOptions().reflection_cap(128) == 16 and TreeOptions().hindsight_cap(128) == 16
+    assert TreeOptions().reflection_cap(32) == 8  # floor
+    opts = TreeOptions(reflection_max_tokens=40, hindsight_reflection_tokens=10)
+    assert opts.reflection_cap(128) == 40 and opts.hindsight_cap(128) == 10
+    assert TreeOptions(reflection_max_tokens=40).hindsight_cap(128) == 40
+
+
+def test_default_tree_reflections_stay_under_the_cap(model, tokenizer):
+    exs = examples("mixed")
+    _, stats = collect("hdl", model, tokenizer, ScriptedTask(), exs, key=jax.random.key(5),
+                       sampling=SamplingParams(max_new_tokens=96),
+                       rollout=RolloutConfig(group_size=None, stop_at_eos=False,
+                                             tree=TreeOptions(templates=SHORT)))
+    assert 2 <= stats.reflection_tokens[0] <= 2 * 12  # two reflections of at most 96 // 8

@@ -55,3 +55,20 @@ def test_score_with_context_index_and_hidden(tiny):
 def test_score_rejects_bad_input(tiny, kwargs, match):
     with pytest.raises(ValueError, match=match):
         score_logprobs(tiny, **kwargs)
+
+
+def test_minimum_buckets_pin_the_compiled_shape(tiny):
+    """Padding to minimum buckets changes neither values nor output shape, and calls whose lengths
+    fall in different natural buckets then share one compiled forward."""
+    from hindsight.sampling import score as score_module
+    ref = np.asarray(score_logprobs(tiny, CONTEXTS, RESPONSES))
+    pinned = np.asarray(score_logprobs(tiny, CONTEXTS, RESPONSES, min_response_len=40,
+                                       min_context_len=20))
+    assert pinned.shape == ref.shape
+    np.testing.assert_allclose(pinned, ref, rtol=1e-5, atol=1e-6)
+    before = score_module._forward_hidden._cache_size()
+    for n in (3, 17, 33):  # natural response buckets 16, 32, 64
+        score_logprobs(tiny, [[5] * 3], [[7] * n], min_response_len=64, min_context_len=20)
+    assert score_module._forward_hidden._cache_size() - before <= 1
+    with pytest.raises(ValueError, match="min_response_len"):
+        score_logprobs(tiny, CONTEXTS, RESPONSES, min_response_len=0)

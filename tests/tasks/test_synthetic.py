@@ -47,11 +47,16 @@ def test_sort_verifier():
     assert task.verify(ex, "3, 19, 7").feedback == "expected `3, 7, 19`, got `3, 19, 7`"
 
 
-def test_reasoning_style_changes_prompt_not_answer():
-    d = get_task("arithmetic").examples(split="train", count=3, seed=0)
-    r = get_task("arithmetic", style="reasoning").examples(split="train", count=3, seed=0)
+@pytest.mark.parametrize("name", ["reverse", "count_letters", "arithmetic", "sort_numbers"])
+@pytest.mark.parametrize("style", ["reasoning", "explain"])
+def test_styles_change_prompt_not_answer(name, style):
+    d = get_task(name).examples(split="train", count=3, seed=0)
+    r = get_task(name, style=style).examples(split="train", count=3, seed=0)
     assert [e.answer for e in d] == [e.answer for e in r]
-    assert all("step by step" in e.prompt for e in r)
+    assert [e.data for e in d] == [e.data for e in r]
+    assert all(e.prompt.startswith(f.prompt) and "step by step" in e.prompt and
+               e.prompt.endswith("alone on the last line.") for e, f in zip(r, d))
+    assert ("Explain your reasoning" in r[0].prompt) == (style == "explain")
 
 
 def test_bad_input():
