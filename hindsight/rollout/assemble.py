@@ -30,8 +30,9 @@ class GroupRows:
       prompt: ``[n]`` int32 policy prompt ids.
       tokens: ``[G, T]`` int32 responses (0 after each length).
       lengths: ``[G]`` int32 response lengths.
-      logprobs: ``[G, T]`` float32 sampled-distribution log-probs (``logp_old``).
-      policy_logprobs: ``[G, T]`` float32 untruncated temperature-1 log-probs.
+      logprobs: ``[G, T]`` float32 log-probs of the sampled (truncated) distribution.
+      policy_logprobs: ``[G, T]`` float32 untruncated log-probs at the sampling temperature: the
+        batch's ``logp_old`` (see :mod:`hindsight.sampling.truncation`).
       loss_mask: ``[G, T]`` bool (HDL continuations: only ``t >= branch position``).
       rewards: ``[G]`` float32 verifier rewards.
       branch_positions: ``[G]`` int32 (0 for fresh rows).
@@ -107,24 +108,26 @@ def assemble(groups: Sequence[GroupRows], advantages: np.ndarray, rewards: np.nd
     return build_batch(
         **policy, targets=tokens, target_index=index,
         mask=np.concatenate([g.loss_mask for g in groups]).astype(np.float32),
-        logp_old=np.concatenate([g.logprobs for g in groups]).astype(np.float32),
+        logp_old=np.concatenate([g.policy_logprobs for g in groups]).astype(np.float32),
         advantages=np.asarray(advantages, np.float32), rewards=np.asarray(rewards, np.float32),
         contexts=extra)
 
 
-@nnx.jit(static_argnames=("context",))
-def _gathered_logprobs(model, batch, context):
+@nnx.jit(static_argnames=("context", "temperature"))
+def _gathered_logprobs(model, batch, context, temperature):
     key = lambda k: context_key(context, k)
     logits, _ = model(batch[key("tokens")], batch[key("positions")],
                       attention_mask=batch[key("attention_mask")])
     index = batch[key("target_index")]
-    picked = jnp.take_along_axis(logits, index[..., None], axis=1)
-    return token_logprobs(picked, batch["targets"])
+    picked = jnp.take_along_axis(logits, index[..., None], axis=1).astype(jnp.float32)
+    return token_logprobs(picked / temperature, batch["targets"])
 
 
-def context_logprobs(model, batch: Mapping, context: str | None = None) -> np.ndarray:
+def context_logprobs(model, batch: Mapping, context: str | None = None, *,
+                     temperature: float = 1.0) -> np.ndarray:
     """Log-probs ``[B, T]`` float32 of ``batch["targets"]`` teacher-forced after one of the batch's
-    contexts (None: the policy context; else ``"teacher"``, ``"probe"`` or ``"hindsight"``).
+    contexts (None: the policy context; else ``"teacher"``, ``"probe"`` or ``"hindsight"``), from
+    ``logits / temperature``.
 
     Positions past a row's response length hold meaningless values: mask them. Materialises
     ``[B, T, V]`` logits, so it is for tests, notebooks and small models (the losses go through
@@ -132,4 +135,4 @@ def context_logprobs(model, batch: Mapping, context: str | None = None) -> np.nd
     keys = ("tokens", "positions", "attention_mask", "target_index")
     sub = {context_key(context, k): jnp.asarray(batch[context_key(context, k)]) for k in keys}
     sub["targets"] = jnp.asarray(batch["targets"])
-    return np.asarray(_gathered_logprobs(model, sub, context))
+    return np.asarray(_gathered_logprobs(model, sub, context, float(temperature)))

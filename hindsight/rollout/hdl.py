@@ -4,7 +4,7 @@ Per prompt: ``num_roots`` roots (one request, kept with their caches) -> verify 
 call per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score
 each root under its hindsight context ``h`` by teacher forcing
 (:func:`hindsight.sampling.score_logprobs`) and under the original context (the sampler's
-untruncated policy log-probs, or a re-score) -> ``s_t = |logp_h - logp_orig|`` -> branch points
+untruncated policy log-probs, or a re-score; both at the sampling temperature) -> ``s_t = |logp_h - logp_orig|`` -> branch points
 (:func:`hindsight.rollout.branching.choose_branch_points`) -> continuations branched from the
 roots' cached prefixes (the token at ``b`` resampled, from the *original* context) plus fresh
 rollouts for missing points -> verify the full sequences. Each stage is submitted from the
@@ -212,16 +212,19 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
             templates=options.templates), np.int32) for r in range(n_roots)]
         lengths = roots.lengths
         live = [r for r in range(n_roots) if lengths[r] > 0]
-        logp_orig = fit_width(roots.policy_logprobs, width)
+        # both sides at the sampling temperature (the policy log-probs' temperature)
+        temp = 1.0 if params.greedy else params.temperature
+        logp_orig = np.array(fit_width(roots.policy_logprobs, width))  # a copy: rows are re-scored in place
         logp_hind = np.zeros_like(logp_orig)
         if live:
             resp = [roots.tokens[r, :lengths[r]] for r in live]
             logp_hind[live] = fit_width(np.asarray(score_logprobs(
                 model, [tree.h[r] for r in live], resp, min_response_len=width,
-                min_context_len=h_floor)), width)
+                min_context_len=h_floor, temperature=temp)), width)
             if options.rescore_original:
                 logp_orig[live] = fit_width(np.asarray(score_logprobs(
-                    model, [tree.prompt], resp, min_response_len=width)), width)
+                    model, [tree.prompt], resp, min_response_len=width,
+                    temperature=temp)), width)
         mask = np.arange(width)[None, :] < lengths[:, None]
         tree.scores = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
         rng = np.random.default_rng(np.asarray(jax.random.key_data(

@@ -38,7 +38,7 @@ class DecodeState(NamedTuple):
       cache: the model's KV-cache pytree (B rows, M slots).
       tokens: ``[B,M]`` int32, each row's sequence by absolute position (prompt, then response).
       logprobs: ``[B,M]`` f32, sampled-distribution log-prob of the token at each generated position.
-      policy_logprobs: ``[B,M]`` f32, untruncated temperature-1 log-prob at each generated position.
+      policy_logprobs: ``[B,M]`` f32, untruncated log-prob at the sampling temperature at each generated position.
       last: ``[B]`` int32, the token at ``pos`` (not yet fed).
       pos: ``[B]`` int32.
       end: ``[B]`` int32, a row may generate positions ``< end``.

@@ -29,7 +29,7 @@ class Rollouts:
       lengths: ``[B]`` int32 response lengths.
       logprobs: ``[B,T]`` f32 log-probs under the sampled (temperature + truncation) distribution
         (0 where masked; 0 everywhere for greedy).
-      policy_logprobs: ``[B,T]`` f32 untruncated temperature-1 log-probs (0 where masked).
+      policy_logprobs: ``[B,T]`` f32 untruncated log-probs at the sampling temperature (0 where masked).
       prompt_lengths: ``[B]`` int32.
       stopped: ``[B]`` bool, the row ended on a stop token (else it hit its max new tokens).
       branch_positions: ``[B]`` int32, first response position this call sampled (0 for fresh rows;

@@ -22,7 +22,7 @@ class TextSample:
     Attributes:
       text: decoded response, cut before the first stop string (special tokens skipped).
       token_ids: ``[n]`` the generated ids (up to and including a stop token; not cut at stop strings).
-      logprobs: ``[n]`` sampled-distribution log-probs; policy_logprobs: ``[n]`` untruncated ones.
+      logprobs: ``[n]`` sampled-distribution log-probs; policy_logprobs: ``[n]`` untruncated ones at the sampling temperature.
       finish_reason: "stop_token", "stop_string" or "length".
     """
 

@@ -2,9 +2,11 @@
 
 The sampler returns two log-probs per token: the one of the distribution it actually sampled from
 (after temperature and truncation, renormalised; what an off-policy correction for the sampler needs)
-and the untruncated policy log-prob at temperature 1 (``log_softmax(logits)[token]``, what
-``hs.ops.token_logprobs`` gives on the trainer's logits, so ``exp(new - old)`` is an importance ratio
-with no temperature/truncation mismatch).
+and the untruncated policy log-prob at the sampling temperature (``log_softmax(logits / T)[token]``,
+temperature 1 for greedy decoding). The second is what the trainer's ``logp`` at loss temperature
+``T`` gives for the same weights, so ``exp(new - old)`` is an importance ratio that is exactly 1
+before the first update: truncation (top-k/p, min-p) raises the sampled token's probability, and a
+ratio against the truncated log-prob would start below 1 and clip tokens of an on-policy batch.
 """
 from __future__ import annotations
 
@@ -128,10 +130,11 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams):
     Returns:
       ``(tokens [B] int32, logprobs [B] f32, policy_logprobs [B] f32)``: the sampled ids, their
       log-prob under the sampled (truncated) distribution (0 for greedy) and under the untruncated
-      temperature-1 policy.
+      policy at temperature ``params.temperature`` (1 for greedy).
     """
     logits = logits.astype(jnp.float32)
-    policy_lse = jax.nn.logsumexp(logits, axis=-1)
+    scaled = logits if params.greedy or params.temperature == 1.0 else logits / params.temperature
+    policy_lse = jax.nn.logsumexp(scaled, axis=-1)
     if params.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         lp = jnp.zeros(tokens.shape, jnp.float32)
@@ -142,4 +145,4 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams):
         uniforms = jax.vmap(lambda k: jax.random.uniform(k, (2,)))(keys)
         tokens = draw(weights, uniforms)
         lp = _gather(x, tokens) - (top[:, 0] + jnp.log(jnp.sum(weights, axis=-1)))
-    return tokens, lp, _gather(logits, tokens) - policy_lse
+    return tokens, lp, _gather(scaled, tokens) - policy_lse

@@ -37,6 +37,22 @@ def test_grpo_group_batch_alignment_and_advantages(model, tokenizer):
     assert set(stats.seconds) >= {"roots", "verify", "total"}
 
 
+def test_logp_old_is_the_untruncated_policy_at_the_sampling_temperature(model, tokenizer):
+    """With temperature and min-p/top-k truncation, ``logp_old`` is what the trainer computes at loss
+    temperature T on the same weights (ratio exactly 1 before the first update), not the
+    truncated distribution's log-prob (larger: truncation renormalises onto fewer tokens)."""
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, min_p=0.2, top_k=20)
+    batch, _ = collect("grpo", model, tokenizer, ScriptedTask(), examples("mixed", "one"),
+                       key=jax.random.key(1), sampling=params,
+                       rollout=RolloutConfig(group_size=4),
+                       config=get_method("grpo").make_config(temperature=0.7))
+    mask = batch["mask"] > 0
+    np.testing.assert_allclose(np.where(mask, context_logprobs(model, batch, temperature=0.7), 0),
+                               batch["logp_old"], atol=1e-5)
+    assert not np.allclose(np.where(mask, context_logprobs(model, batch), 0), batch["logp_old"],
+                           atol=1e-3)
+
+
 def test_extra_contexts_match_direct_scoring(model, tokenizer):
     exs = examples("mixed", "zero")
     batch, _ = collect("opsd_pmi", model, tokenizer, ScriptedTask(), exs,
