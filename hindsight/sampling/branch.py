@@ -81,7 +81,7 @@ def branch(model, rollouts: Rollouts, rows, positions, counts=1, *, key=None, ro
                            rollouts.state.policy_logprobs, rollouts.state.stops))
     seq, lp, plp, stops = (np.asarray(x)[src_b] for x in host)
     start = plen + pos - 1
-    graphdef, weights = split_model(model)
+    graphdef, weights = split_model(model, decode=True)
     state = init_state(cache_rows.take_rows(rollouts.state.cache, src_b, rollouts.axes), tokens=seq,
                        starts=start, ends=plen + max_new, rows=n, keys=inputs.pad_keys(keys, bb),
                        stops=stops, logprobs=lp, policy_logprobs=plp)

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from hindsight.models.decoder import Decoder, unrolled
 from hindsight.sampling.params import SamplingParams
 from hindsight.sampling.truncation import sample_tokens
 
@@ -117,7 +118,10 @@ def prefill(graphdef, weights, tokens: jax.Array, *, max_len: int, cache_dtype=N
     return cache
 
 
-def split_model(model):
+def split_model(model, *, decode: bool = False):
     """``(graphdef, weights)`` of an NNX model: the weights travel as a traced argument, so the jitted
-    functions compile once per architecture and batch shape, not once per weight update."""
-    return nnx.split(model)
+    functions compile once per architecture and batch shape, not once per weight update.
+
+    ``decode=True`` (the token-by-token loops) splits :func:`hindsight.models.decoder.unrolled`
+    instead: a layer scan costs a copy of each layer's weights per decode step on CPU."""
+    return nnx.split(unrolled(model) if decode and isinstance(model, Decoder) else model)

@@ -88,7 +88,7 @@ class Engine:
         self.refill_at = max(1, self.slots // 8) if refill_at is None else int(refill_at)
         self.cache_dtype = cache_dtype
         self.axes = cache_rows.static_axes(model, self.max_len, cache_dtype)
-        self.graphdef, self.weights = split_model(model)
+        self.graphdef, self.weights = split_model(model, decode=True)
         self._next_id = 0
         self._prompts: collections.deque[_Request] = collections.deque()
         self._branches: collections.deque[_Request] = collections.deque()

@@ -165,7 +165,7 @@ def generate(model, prompts, params: SamplingParams, *, key=None, row_keys=None,
     stops = inputs.stop_table(stop_tokens, rows, default=params.stop_tokens, vocab_size=vocab)
     keys = inputs.row_keys(key, row_keys, rows)
 
-    graphdef, weights = split_model(model)
+    graphdef, weights = split_model(model, decode=True)
     axes = cache_rows.static_axes(model, m, cache_dtype)
     prompt_cache = prefill(graphdef, weights, jnp.asarray(inputs.pad_rows(seqs, rows=pow2_bucket(n_p), width=s_bucket)),
                            max_len=m, cache_dtype=cache_dtype)

@@ -46,3 +46,28 @@ def test_remat_and_layouts_give_identical_gradients(hf_models):
     for i in range(COMMON["num_hidden_layers"]):
         q_layer = np.asarray(unrolled["layers"][i]["attn"]["q_proj"]["kernel"][...])
         np.testing.assert_allclose(q_layer, q_stacked[i], rtol=0, atol=1e-5 * np.abs(q_stacked).max())
+
+
+def test_unrolled_view_of_a_scanned_model(hf_models):
+    """`unrolled` (the decode loops' view) equals loading the same weights unrolled, with a KV cache
+    too, and leaves the scanned model as it was."""
+    from hindsight.models.decoder import unrolled
+
+    folder, _ = hf_models["qwen2"]
+    tokens, positions, mask = padded_batch(LENGTHS, 12, COMMON["vocab_size"], seed=5)
+    scanned = load_hf_folder(folder)
+    before = [np.asarray(x) for x in jax.tree.leaves(nnx.state(scanned))]
+    view = unrolled(scanned)
+    assert not view.scan_layers and unrolled(view) is view
+    ref = ours(load_hf_folder(folder, scan_layers=False), tokens, positions, mask)
+    np.testing.assert_allclose(ours(view, tokens, positions, mask), ref, rtol=0,
+                               atol=1e-5 * np.abs(ref).max())
+    cache = view.init_cache(2, 16)
+    got, _ = view(jnp.asarray(tokens), jnp.asarray(positions), cache=cache,
+                  attention_mask=jnp.pad(jnp.asarray(mask), ((0, 0), (0, 4))))
+    want, _ = scanned(jnp.asarray(tokens), jnp.asarray(positions), cache=scanned.init_cache(2, 16),
+                      attention_mask=jnp.pad(jnp.asarray(mask), ((0, 0), (0, 4))))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
+                               atol=1e-5 * np.abs(np.asarray(want)).max())
+    for a, b in zip(before, jax.tree.leaves(nnx.state(scanned))):
+        np.testing.assert_array_equal(a, np.asarray(b))
