@@ -90,6 +90,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--min-p", type=float, default=0.2)
     parser.add_argument("--min-prefix-fraction", type=float,
                         help="HDL head guard (default: HDLConfig's)")
+    parser.add_argument("--chunk-steps", type=int,
+                        help="decode steps between engine scheduling points, both arms "
+                             "(default: RolloutConfig's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     p = args.prompts or (2 if args.quick else 8)
@@ -119,8 +122,9 @@ def main(argv=None) -> dict:
     examples = task.examples(split="train", count=p, seed=args.seed)
     params = SamplingParams(temperature=args.temperature, min_p=args.min_p,
                             max_new_tokens=max_new)
-    arms = {"grpo": RolloutConfig(group_size=16, slots=slots),
-            "hdl": RolloutConfig(group_size=None, slots=slots, tree=tree)}
+    chunk = {} if args.chunk_steps is None else {"chunk_steps": args.chunk_steps}
+    arms = {"grpo": RolloutConfig(group_size=16, slots=slots, **chunk),
+            "hdl": RolloutConfig(group_size=None, slots=slots, tree=tree, **chunk)}
     for name, cfg in arms.items():
         _log(f"warm-up {name}")
         _arm(name, model, tok, task, warm, key=jax.random.key(args.seed + 100), params=params,
@@ -145,6 +149,7 @@ def main(argv=None) -> dict:
         "sampling": {"temperature": args.temperature, "min_p": args.min_p,
                      "max_new_tokens": max_new},
         "reflection_max_tokens": refl, "slots": slots,
+        "chunk_steps": arms["grpo"].chunk_steps,
         "min_prefix_fraction": configs["hdl"].min_prefix_fraction,
         "response_len_mean_grpo": round(grpo.response_length_mean, 1),
         "grpo_tokens_per_group": round(g_tok, 1), "hdl_tokens_per_group": round(h_tok, 1),
