@@ -5,9 +5,9 @@ Every jitted sampling function is keyed by these rounded shapes (plus the static
 * batch (rows of a decode / prefill / score call): next power of two, at least 1. Extra rows are
   inactive padding and cost compute only up to 2x.
 * prompt / context length: next power of two, at least ``MIN_PROMPT_BUCKET`` (16), up to
-  ``POW2_PROMPT_LIMIT`` (128); longer ones round up to a multiple of ``CACHE_LEN_MULTIPLE`` (64),
-  so that a 140-token context (an HDL hindsight context, a reflection prompt) pads to 192 rather
-  than 256: prefill and teacher-forced scoring cost compute per padded position. Prompts are
+  ``POW2_PROMPT_LIMIT`` (128); longer ones round up to a multiple of ``LONG_PROMPT_MULTIPLE``
+  (32), so that a 130-token context (an HDL hindsight context) pads to 160 rather than 256:
+  prefill and teacher-forced scoring are compute-bound, and cost per padded position. Prompts are
   right-padded; the pad tokens' K/V land in slots a real token later overwrites before any query
   reads them (the cache contract: queries read only ``slot <= position``).
 * cache length (``max_len``): ``prompt bucket + max new tokens`` rounded up to a multiple of
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 MIN_PROMPT_BUCKET = 16
 POW2_PROMPT_LIMIT = 128
+LONG_PROMPT_MULTIPLE = 32
 CACHE_LEN_MULTIPLE = 64
 
 
@@ -35,7 +36,7 @@ def prompt_bucket(length: int) -> int:
     """Padded prompt / context length for a longest prompt of ``length`` tokens."""
     if length <= POW2_PROMPT_LIMIT:
         return pow2_bucket(length, MIN_PROMPT_BUCKET)
-    return -(-int(length) // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
+    return -(-int(length) // LONG_PROMPT_MULTIPLE) * LONG_PROMPT_MULTIPLE
 
 
 def cache_len_bucket(prompt_len: int, max_new_tokens: int) -> int:

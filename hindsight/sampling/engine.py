@@ -71,18 +71,19 @@ class Engine:
         (default ``max(1, slots // 8)``), so freed slots idle for few steps without a host round
         trip per finished row.
       cache_dtype: KV-cache dtype (default the model's compute dtype).
+      name: label for statistics (e.g. ``"main"``, ``"reflection"``).
 
     Use: `submit` / `submit_branch` requests, then `run` (optionally with a callback that submits
     follow-up work, e.g. branches of a finished group) or `step` manually.
     """
 
     def __init__(self, model, params: SamplingParams, *, slots: int, max_len: int, chunk_steps: int = 16,
-                 refill_at: int | None = None, cache_dtype=None):
+                 refill_at: int | None = None, cache_dtype=None, name: str = "engine"):
         if slots < 1 or chunk_steps < 1 or max_len < 2:
             raise ValueError(f"need slots >= 1, chunk_steps >= 1, max_len >= 2; got {slots}, {chunk_steps}, {max_len}")
         self.vocab = model.config.vocab_size
         params.check_vocab(self.vocab)
-        self.model, self.params = model, params
+        self.model, self.params, self.name = model, params, name
         self._trace_params = params.for_trace()
         self.slots, self.max_len, self.chunk_steps = pow2_bucket(slots), int(max_len), int(chunk_steps)
         self.refill_at = max(1, self.slots // 8) if refill_at is None else int(refill_at)
@@ -94,7 +95,9 @@ class Engine:
         self._branches: collections.deque[_Request] = collections.deque()
         self._owner = [None] * self.slots  # (request, row) per slot
         self._state = None
-        self.stats = collections.Counter()  # chunks, prefills, moves; refill_s / decode_s / harvest_s
+        # chunks, prefills, moves; steps (decode steps run), row_steps (tokens decoded: steps x
+        # active rows); refill_s / decode_s / harvest_s
+        self.stats = collections.Counter()
 
     # ----------------------------------------------------------------------------- submission
     def submit(self, prompt, *, num_samples: int = 1, key=None, row_keys=None, max_new_tokens=None,
@@ -187,6 +190,7 @@ class Engine:
         t0 = time.perf_counter()
         host = self._host_state()
         self._refill(host)
+        pos0, active0 = host["pos"].copy(), host["active"].copy()
         self._state = self._push(host)
         t1 = time.perf_counter()
         busy = sum(o is not None for o in self._owner)
@@ -197,6 +201,10 @@ class Engine:
         t2 = time.perf_counter()
         self.stats["chunks"] += 1
         done = self._harvest()
+        # the row active longest advanced once per step, so the largest advance is the step count
+        advance = self._host["pos"] - pos0
+        self.stats["steps"] += int(advance[active0].max(initial=0))
+        self.stats["row_steps"] += int(advance.sum())
         self.stats["refill_s"] += t1 - t0
         self.stats["decode_s"] += t2 - t1
         self.stats["harvest_s"] += time.perf_counter() - t2
@@ -257,18 +265,22 @@ class Engine:
             self._owner[slot] = (req, row)
 
     def _prefill_sources(self, reqs) -> None:
-        """One prefill for every prompt request about to get its first slot."""
-        reqs = list(reqs)
-        if not reqs:
-            return
-        width = min(prompt_bucket(max(r.prompt.size for r in reqs)), self.max_len)
-        tokens = inputs.pad_rows([r.prompt for r in reqs], rows=pow2_bucket(len(reqs)), width=width)
-        cache = prefill(self.graphdef, self.weights, jnp.asarray(tokens), max_len=self.max_len,
-                        cache_dtype=self.cache_dtype)
-        self.stats["prefills"] += 1
-        for i, r in enumerate(reqs):
-            r.source = (cache, np.full(r.n, i, np.int32))
-            r.prompt = None
+        """Prefill every prompt request about to get its first slot, in batches of power-of-two
+        sizes that add up to their number (6 -> 4 + 2): a prefill is compute-bound, so padding 6
+        prompts to 8 rows would cost a third more; each batch is as wide as its longest prompt's
+        bucket (longest first, so that short prompts share narrow batches)."""
+        reqs = sorted(reqs, key=lambda r: -r.prompt.size)
+        while reqs:
+            size = 1 << (len(reqs).bit_length() - 1)  # the largest power of two <= len(reqs)
+            batch, reqs = reqs[:size], reqs[size:]
+            width = min(prompt_bucket(batch[0].prompt.size), self.max_len)
+            tokens = inputs.pad_rows([r.prompt for r in batch], rows=len(batch), width=width)
+            cache = prefill(self.graphdef, self.weights, jnp.asarray(tokens), max_len=self.max_len,
+                            cache_dtype=self.cache_dtype)
+            self.stats["prefills"] += 1
+            for i, r in enumerate(batch):
+                r.source = (cache, np.full(r.n, i, np.int32))
+                r.prompt = None
 
     def _harvest(self) -> list[tuple[object, Rollouts]]:
         st = self._state

@@ -38,6 +38,23 @@ def test_engine_matches_generate_and_branch(tiny):
         np.testing.assert_allclose(got.policy_logprobs, expect.policy_logprobs, rtol=1e-5, atol=1e-6)
 
 
+def test_prompts_prefilled_in_power_of_two_batches_without_padding_rows(tiny):
+    """Three prompts placed at once prefill as 2 + 1 (not padded to 4) and sample what `generate`
+    samples."""
+    keys = jax.random.split(jax.random.key(2), 9)
+    ref = generate(tiny, PROMPTS, PARAMS, num_samples=3, row_keys=keys, max_len=64)
+    engine = Engine(tiny, PARAMS, slots=16, max_len=64)
+    for i, p in enumerate(PROMPTS):
+        engine.submit(p, num_samples=3, row_keys=keys[3 * i: 3 * i + 3], tag=i)
+    out = engine.run()
+    assert engine.stats["prefills"] == 2
+    assert engine.stats["row_steps"] == int((ref.lengths).sum())  # one decoded token per row-step
+    for i in range(3):
+        np.testing.assert_array_equal(out[i].tokens, ref.tokens[3 * i: 3 * i + 3])
+        np.testing.assert_allclose(out[i].policy_logprobs, ref.policy_logprobs[3 * i: 3 * i + 3],
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_engine_rejects_bad_input(tiny):
     engine = Engine(tiny, PARAMS, slots=2, max_len=32)
     with pytest.raises(ValueError, match="exceeds the engine's max_len"):
