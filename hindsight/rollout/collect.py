@@ -72,6 +72,9 @@ class RolloutStats:
       branch_positions: HDL, per group ``[R][K]`` points (-1: fresh rollouts instead).
       branch_sources: HDL, per group and root, the selection step used.
       sample_texts, reflections: a few decoded responses / reflections.
+      engines: per engine (``main``; HDL adds ``reflection``): ``occupancy`` (fraction of slot-steps
+        that decoded an active row), ``steps``, ``chunks``, ``prefills``, ``moves``, and host /
+        device seconds (``refill_s``, ``decode_s``, ``harvest_s``).
       trace: HDL, the first tree's first root as a record for reports: ``tokens`` (text pieces),
         ``scores`` (the hindsight score per token), ``points`` (its branch positions), ``reward``,
         ``feedback``, ``reflection``; None for the other shapes.
@@ -94,6 +97,7 @@ class RolloutStats:
     sample_texts: list[str] = dataclasses.field(default_factory=list)
     reflections: list[str] = dataclasses.field(default_factory=list)
     trace: dict | None = None
+    engines: dict = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -165,6 +169,14 @@ def _root_trace(tokenizer, group: GroupRows, info) -> dict:
                 points=[int(p) for p in info.points[0] if p >= 0],
                 reward=float(group.rewards[row]), feedback=info.feedback[0],
                 reflection=info.reflections[0])
+
+
+def _engine_stats(clock: PhaseClock) -> dict:
+    occupancy = clock.occupancy()
+    return {name: {"occupancy": occupancy.get(name),
+                   **{k: (round(v, 3) if isinstance(v, float) else int(v)) for k, v in c.items()
+                      if k not in ("row_steps", "slot_steps")}}
+            for name, c in clock.engines.items()}
 
 
 def collect(method: str | Method, model, tokenizer, task, examples, *, key,
@@ -239,7 +251,7 @@ def collect(method: str | Method, model, tokenizer, task, examples, *, key,
         rollout=method.rollout, num_groups=len(groups), group_size=g,
         reward_mean=float(rewards.mean()), response_length_mean=float(lengths.mean()),
         generated_tokens=[grp.generated_tokens for grp in groups], seconds=clock.seconds(),
-        phase_tokens=dict(clock.tokens),
+        phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
         sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts], **extra)
     return batch, stats
 

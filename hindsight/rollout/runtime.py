@@ -31,12 +31,12 @@ def with_eos(params: SamplingParams, tokenizer) -> SamplingParams:
 
 
 def make_engine(model, params: SamplingParams, *, longest_prompt: int, max_new_tokens: int,
-                rows: int, slots: int | None, chunk_steps: int) -> Engine:
+                rows: int, slots: int | None, chunk_steps: int, name: str = "main") -> Engine:
     """An engine whose cache fits ``longest_prompt + max_new_tokens``; ``slots`` defaults to
     ``min(rows, 64)`` (the whole first wave when it fits)."""
     max_len = cache_len_bucket(longest_prompt, max_new_tokens)
     return Engine(model, params, slots=slots or min(rows, 64), max_len=max_len,
-                  chunk_steps=chunk_steps)
+                  chunk_steps=chunk_steps, name=name)
 
 
 def request_key(key, *path: int):
@@ -74,16 +74,20 @@ def fit_width(a: np.ndarray, width: int) -> np.ndarray:
 class PhaseClock:
     """Wall-clock and generated tokens by phase.
 
-    Host work done in engine callbacks (verification, hindsight scoring) is timed directly. Decoding
-    is shared by every phase in flight, so the engine's decode time (its run time minus the
-    callbacks) is split across the decoding phases in proportion to the tokens each generated (a
-    decode step costs the same for every active slot).
+    Host work done in engine callbacks (verification, hindsight scoring) is timed directly. An
+    engine's decode time (its steps, plus untimed callback work) is shared by the phases whose
+    tokens it generated, in proportion to their tokens (a decode step costs the same for every
+    active slot); tokens counted in a callback belong to the engine whose result it handles. So a
+    side engine's costlier steps (longer prompts to prefill, a longer cache, part-empty batches)
+    are charged to its own phase, not spread over the main engine's.
     """
 
     def __init__(self):
         self.host = collections.Counter()
         self.tokens = collections.Counter()
-        self.decode_seconds = 0.0
+        self.engine_seconds = collections.Counter()  # per engine name
+        self.engine_tokens: dict[str, collections.Counter] = {}  # per engine name: tokens by phase
+        self.engines: dict[str, collections.Counter] = {}  # per engine name: its stats, summed
 
     @contextlib.contextmanager
     def host_phase(self, name: str):
@@ -96,7 +100,7 @@ class PhaseClock:
     def run(self, engines: Sequence[Engine], on_result, *, batched: Sequence[Engine] = ()) -> None:
         """Step ``engines`` in turn (one decode chunk each) until all are idle, calling
         ``on_result(tag, rollouts)`` for each completed request (it may submit more work to any of
-        them); their decode time is recorded.
+        them); their decode time and statistics are recorded under their ``name``.
 
         An engine in ``batched`` (one of ``engines``) is stepped only when it has work for all its
         slots, or when no engine outside ``batched`` has queued rows (then its results are what the
@@ -105,10 +109,10 @@ class PhaseClock:
         time, in turn with a full main engine, would spend a near-full step per token it makes.
         """
         batched = [e for e in engines if any(e is b for b in batched)]
-        before = sum(self.host.values())
-        start = time.perf_counter()
+        names = [getattr(e, "name", "engine") for e in engines]
+        stats_before = [collections.Counter(getattr(e, "stats", {})) for e in engines]
         while not all(e.idle for e in engines):
-            for engine in engines:
+            for engine, name in zip(engines, names):
                 if engine.idle:
                     continue
                 if any(engine is b for b in batched):
@@ -117,20 +121,41 @@ class PhaseClock:
                     full = engine.queued_rows + engine.active_rows >= engine.slots
                     if others_busy and not full:
                         continue
+                start, host, tokens = time.perf_counter(), sum(self.host.values()), \
+                    collections.Counter(self.tokens)
                 for tag, res in engine.step():
                     on_result(tag, res)
-        self.decode_seconds += time.perf_counter() - start - (sum(self.host.values()) - before)
+                self.engine_seconds[name] += time.perf_counter() - start - (
+                    sum(self.host.values()) - host)
+                made = collections.Counter(self.tokens)
+                made.subtract(tokens)
+                self.engine_tokens.setdefault(name, collections.Counter()).update(made)
+        for engine, name, old in zip(engines, names, stats_before):
+            new = collections.Counter(getattr(engine, "stats", {}))
+            new.subtract(old)
+            total = self.engines.setdefault(name, collections.Counter())
+            total.update(new)
+            total["slot_steps"] += new["steps"] * engine.slots
+
+    def occupancy(self) -> dict[str, float]:
+        """Per engine, the fraction of its slot-steps that decoded a token of an active row (a
+        decode step costs about the same however many of its slots are active)."""
+        return {name: round(c["row_steps"] / c["slot_steps"], 4)
+                for name, c in self.engines.items() if c["slot_steps"]}
 
     def seconds(self) -> dict[str, float]:
-        """Seconds by phase (decode phases share ``decode_seconds`` by token count), plus
-        ``total``."""
-        total_tokens = sum(self.tokens.values())
-        out = {k: float(v) for k, v in self.host.items()}
-        for k, n in self.tokens.items():
-            share = self.decode_seconds * n / total_tokens if total_tokens else 0.0
-            out[k] = out.get(k, 0.0) + share
-        out["total"] = float(sum(self.host.values()) + self.decode_seconds)
-        return out
+        """Seconds by phase (host phases timed; each engine's decode time split over the phases
+        whose tokens it generated, ``decode`` if it recorded none), plus ``total``."""
+        out = collections.Counter({k: float(v) for k, v in self.host.items()})
+        for name, secs in self.engine_seconds.items():
+            made = {k: n for k, n in self.engine_tokens.get(name, {}).items() if n > 0}
+            if not made:
+                out["decode"] += secs
+                continue
+            for k, n in made.items():
+                out[k] += secs * n / sum(made.values())
+        out["total"] = float(sum(self.host.values()) + sum(self.engine_seconds.values()))
+        return dict(out)
 
 
 def longest(prompts: Sequence) -> int:
