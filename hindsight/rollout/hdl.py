@@ -136,6 +136,16 @@ class _Tree:
     waiting: int = 0
 
 
+def _template_overhead(examples, trees, build) -> int:
+    """Tokens a template adds around the question (the most over ``examples``), rounded up to a
+    multiple of 16 so that tokenisation differences at the seams do not change it."""
+    return _round16(max(len(build(ex)) - len(t.prompt) for ex, t in zip(examples, trees)))
+
+
+def _round16(n: int) -> int:
+    return -(-max(int(n), 0) // 16) * 16
+
+
 def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
                  params: SamplingParams, config: HDLConfig, options: TreeOptions = TreeOptions(),
                  slots: int | None = None, chunk_steps: int = 16,
@@ -160,18 +170,22 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     width, n_roots = params.max_new_tokens, config.num_roots
     refl_cap, h_cap = options.reflection_cap(width), options.hindsight_cap(width)
     trees = [_Tree(prompt=np.asarray(policy_prompt(tokenizer, ex), np.int32)) for ex in examples]
-    bare = max(len(reflection_prompt(tokenizer, ex, "", "", templates=options.templates))
-               for ex in examples)
-    # every hindsight context of the call is scored at one compiled shape (most fit this bucket)
-    h_floor = max(len(hindsight_context(tokenizer, ex, "", [], max_reflection_tokens=0,
-                                        templates=options.templates)) for ex in examples) \
-        + h_cap + _FEEDBACK_TOKENS
+    # The reflection cache and the scoring shape are sized from the longest policy prompt and the
+    # templates' overhead, each rounded up to a multiple of 16: calls whose questions differ by a
+    # few tokens then share one compiled reflection decode and one scoring shape.
+    question = _round16(max(len(t.prompt) for t in trees))
+    bare = question + _template_overhead(
+        examples, trees, lambda ex: reflection_prompt(tokenizer, ex, "", "",
+                                                      templates=options.templates))
+    h_floor = question + h_cap + _FEEDBACK_TOKENS + _template_overhead(
+        examples, trees, lambda ex: hindsight_context(
+            tokenizer, ex, "", [], max_reflection_tokens=0, templates=options.templates))
     engine = make_engine(model, params, longest_prompt=max(len(t.prompt) for t in trees),
                          max_new_tokens=width, rows=len(trees) * config.group_size, slots=slots,
                          chunk_steps=chunk_steps)
     reflector = make_engine(model, params, longest_prompt=bare + width + _FEEDBACK_SLACK,
                             max_new_tokens=refl_cap, rows=len(trees) * n_roots,
-                            slots=_REFLECTION_SLOTS, chunk_steps=chunk_steps)
+                            slots=_REFLECTION_SLOTS, chunk_steps=chunk_steps, name="reflection")
     groups: dict[int, GroupRows] = {}
     infos: dict[int, TreeInfo] = {}
 

@@ -28,6 +28,15 @@ def _forward_hidden(graphdef, weights, cache, tokens, positions):
     return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True)[0]
 
 
+# jitted so that a call per HDL tree reuses one executable: run eagerly, the chunk scan inside is
+# traced and compiled anew on every call (its body is a fresh closure)
+@functools.partial(jax.jit, static_argnames=("chunk_size", "temperature"))
+def _masked_logprobs(hidden, unembed, targets, mask, *, chunk_size, temperature):
+    lp = chunked_token_logprobs(hidden, unembed, targets, chunk_size=chunk_size,
+                                temperature=temperature)
+    return jnp.where(mask, lp, 0.0)
+
+
 def _bucket_floor(name, value):
     if value is None:
         return 1
@@ -109,9 +118,8 @@ def score_logprobs(model, contexts, responses, *, context_index=None, chunk_size
     the compiled shapes, not the result)."""
     hidden, targets, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype,
                                            min_response_len, min_context_len)
-    lp = chunked_token_logprobs(hidden, model.unembedding(), jnp.asarray(targets), chunk_size=chunk_size,
-                                temperature=temperature)
-    return jnp.where(jnp.asarray(mask), lp, 0.0)[:b, :t]
+    return _masked_logprobs(hidden, model.unembedding(), jnp.asarray(targets), jnp.asarray(mask),
+                            chunk_size=chunk_size, temperature=float(temperature))[:b, :t]
 
 
 def score_logits(model, contexts, responses, *, context_index=None, cache_dtype=None):
