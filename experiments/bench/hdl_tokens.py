@@ -19,8 +19,10 @@ their new tokens are uncorrelated with the root's remainder), and it answers in 
 rambles; at 0.7 / min-p 0.2 it writes coherent explanations whose continuations track their
 roots, and solves ~25% of the items (temperature 1: ~10%).
 
-Each arm first runs untimed on P other prompts (same shapes, so the timed run hits compiled code:
-the steady state of a training run), then timed on the P prompts. With ``slots`` below the 2P roots
+Each arm first runs untimed on P other prompts (mostly the same shapes, so the timed runs hit
+compiled code: the steady state of a training run), then ``--reps`` times (default 2) timed on the
+P prompts, the arms alternating; every repetition samples the same tokens (same prompts and keys),
+so the repetitions differ only in seconds, and the savings use each arm's mean seconds. With ``slots`` below the 2P roots
 of the HDL arm (default P=8 prompts, 8 slots: 128 GRPO rows, 16 roots + 112 continuations) every
 stage keeps the slot batch full (the throughput-bound regime a training step is in); with more
 slots than roots a tree is latency-bound (roots, reflection, continuations run one after the
@@ -30,8 +32,14 @@ arm: ``hdl_token_saving = 1 - tokens_HDL / tokens_GRPO`` and ``hdl_wallclock_sav
 seconds_HDL / seconds_GRPO``. The issue's goal: token saving in [0.35, 0.61] and wall-clock saving
 >= 0.8 x token saving. The CPUs may be shared with other work: the 1/5/15-minute load averages
 before and after are in the JSON (both arms run in one process, so their ratio is what counts),
-and so is each arm's process CPU time (``collect_cpu_seconds``, ``hdl_cpu_time_saving``), which
-other processes' load disturbs less than wall-clock when it changes between the arms.
+and so is each arm's process CPU time in the last repetition (``collect_cpu_seconds_last``,
+``hdl_cpu_time_saving``), which other processes' load disturbs less than wall-clock when it changes
+between the arms. Two checks on the last timed run: ``compile_seconds_in_last_timed_run`` (tracing +
+XLA compilation, from ``jax.monitoring``; a shape the warm-up did not meet compiles in the first
+repetition, not in the last) and ``engines`` (per
+engine: slot occupancy, decode steps, prefills and their seconds; a decode step costs about the
+same however many slots are busy, and the reflection engine's prefills of whole attempts are
+compute-bound work that the generated-token count does not see).
 
     python -m experiments.bench.hdl_tokens [--quick]
 
@@ -51,13 +59,23 @@ def _log(*msg) -> None:
     print(time.strftime("%H:%M:%S"), *msg, file=sys.stderr, flush=True)
 
 
+_COMPILE = {"seconds": 0.0}
+
+
+def _count_compile(event: str, seconds: float, **_) -> None:
+    # tracing, lowering and XLA compilation of a new shape (jax.monitoring duration events)
+    if event.startswith("/jax/core/compile/"):
+        _COMPILE["seconds"] += seconds
+
+
 def _arm(method, model, tok, task, examples, *, key, params, rollout, config):
     from hindsight.rollout import collect
 
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu, compiled = time.perf_counter(), time.process_time(), _COMPILE["seconds"]
     batch, stats = collect(method, model, tok, task, examples, key=key, sampling=params,
                            rollout=rollout, config=config)
-    return batch, stats, time.perf_counter() - start, time.process_time() - cpu
+    return (batch, stats, time.perf_counter() - start, time.process_time() - cpu,
+            _COMPILE["seconds"] - compiled)
 
 
 def _tree_shape(batch, stats, counts) -> dict:
@@ -94,12 +112,16 @@ def main(argv=None) -> dict:
                         help="decode steps between engine scheduling points, both arms "
                              "(default: RolloutConfig's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reps", type=int, default=2,
+                        help="timed repetitions of both arms, alternating (same prompts and keys); "
+                             "the savings use the mean seconds (default 2)")
     args = parser.parse_args(argv)
     p = args.prompts or (2 if args.quick else 8)
     max_new = args.max_new or (64 if args.quick else 128)
     slots = args.slots or (4 if args.quick else 8)
 
     import jax
+    import jax.monitoring
 
     from hindsight.methods import get_method
     from hindsight.models import load
@@ -107,6 +129,7 @@ def main(argv=None) -> dict:
     from hindsight.sampling import SamplingParams
     from hindsight.tasks import get_task
 
+    jax.monitoring.register_event_duration_secs_listener(_count_compile)
     load_start = os.getloadavg()
     tree = TreeOptions(reflection_max_tokens=args.reflection)
     refl = tree.reflection_cap(max_new)
@@ -129,17 +152,21 @@ def main(argv=None) -> dict:
         _log(f"warm-up {name}")
         _arm(name, model, tok, task, warm, key=jax.random.key(args.seed + 100), params=params,
              rollout=cfg, config=configs[name])
-    out = {}
-    for name, cfg in arms.items():
-        _log(f"timed {name}")
-        out[name] = _arm(name, model, tok, task, examples, key=jax.random.key(args.seed),
-                         params=params, rollout=cfg, config=configs[name])
-        _log(f"{name}: {sum(out[name][1].generated_tokens)} tokens, "
-             f"{out[name][1].seconds['total']:.1f} s rollout")
-    (_, grpo, grpo_wall, grpo_cpu), (hdl_batch, hdl, hdl_wall, hdl_cpu) = out["grpo"], out["hdl"]
+    out, rollout_seconds = {}, {name: [] for name in arms}
+    for rep in range(args.reps):
+        for name, cfg in arms.items():
+            _log(f"timed {name} ({rep + 1}/{args.reps})")
+            out[name] = _arm(name, model, tok, task, examples, key=jax.random.key(args.seed),
+                             params=params, rollout=cfg, config=configs[name])
+            rollout_seconds[name].append(out[name][1].seconds["total"])
+            _log(f"{name}: {sum(out[name][1].generated_tokens)} tokens, "
+                 f"{rollout_seconds[name][-1]:.1f} s rollout")
+    (_, grpo, grpo_wall, grpo_cpu, grpo_jit), (hdl_batch, hdl, hdl_wall, hdl_cpu, hdl_jit) = \
+        out["grpo"], out["hdl"]
     per = lambda xs: sum(xs) / len(xs)
     g_tok, h_tok = per(grpo.generated_tokens), per(hdl.generated_tokens)
-    g_sec, h_sec = grpo.seconds["total"] / p, hdl.seconds["total"] / p
+    # same examples and keys in every repetition: the same tokens, so only the seconds vary
+    g_sec, h_sec = per(rollout_seconds["grpo"]) / p, per(rollout_seconds["hdl"]) / p
     token_saving = 1.0 - h_tok / g_tok
     wall_saving = 1.0 - h_sec / g_sec
     sources = [s for group in hdl.branch_sources for s in group]
@@ -156,6 +183,11 @@ def main(argv=None) -> dict:
         "hdl_reflection_tokens_per_group": round(per(hdl.reflection_tokens), 1),
         "hdl_phase_tokens": hdl.phase_tokens,
         "hdl_tree": _tree_shape(hdl_batch, hdl, configs["hdl"].counts),
+        "repetitions": args.reps,
+        "rollout_seconds_per_repetition": {k: [round(x, 2) for x in v]
+                                           for k, v in rollout_seconds.items()},
+        "hdl_wallclock_saving_per_repetition": [
+            round(1.0 - h / g, 4) for g, h in zip(rollout_seconds["grpo"], rollout_seconds["hdl"])],
         "grpo_seconds_per_group": round(g_sec, 3), "hdl_seconds_per_group": round(h_sec, 3),
         "hdl_seconds_by_phase": {k: round(v, 2) for k, v in hdl.seconds.items()},
         "grpo_tokens_per_second": round(sum(grpo.generated_tokens) / grpo.seconds["total"], 1),
@@ -166,10 +198,12 @@ def main(argv=None) -> dict:
         if token_saving > 0 else None,
         "goal_token_saving_in_0.35_0.61": 0.35 <= token_saving <= 0.61,
         "goal_wallclock_at_least_0.8x_token": wall_saving >= 0.8 * token_saving,
+        "engines": {"grpo": grpo.engines, "hdl": hdl.engines},
         "hdl_branch_sources": {s: sources.count(s) for s in sorted(set(sources))},
         "reward_mean": {"grpo": round(grpo.reward_mean, 3), "hdl": round(hdl.reward_mean, 3)},
-        "collect_seconds": {"grpo": round(grpo_wall, 2), "hdl": round(hdl_wall, 2)},
-        "collect_cpu_seconds": {"grpo": round(grpo_cpu, 2), "hdl": round(hdl_cpu, 2)},
+        "collect_seconds_last": {"grpo": round(grpo_wall, 2), "hdl": round(hdl_wall, 2)},
+        "collect_cpu_seconds_last": {"grpo": round(grpo_cpu, 2), "hdl": round(hdl_cpu, 2)},
+        "compile_seconds_in_last_timed_run": {"grpo": round(grpo_jit, 2), "hdl": round(hdl_jit, 2)},
         "hdl_cpu_time_saving": round(1.0 - hdl_cpu / grpo_cpu, 4),
         "loadavg_1_5_15m": {"start": [round(x, 2) for x in load_start],
                             "end": [round(x, 2) for x in os.getloadavg()]},
