@@ -20,26 +20,26 @@ rambles; at 0.7 / min-p 0.2 it writes coherent explanations whose continuations 
 roots, and solves ~25% of the items (temperature 1: ~10%).
 
 Each arm first runs untimed on P other prompts (mostly the same shapes, so the timed runs hit
-compiled code: the steady state of a training run), then ``--reps`` times (default 2) timed on the
-P prompts, the arms alternating; every repetition samples the same tokens (same prompts and keys),
-so the repetitions differ only in seconds, and the savings use each arm's mean seconds. With ``slots`` below the 2P roots
-of the HDL arm (default P=8 prompts, 8 slots: 128 GRPO rows, 16 roots + 112 continuations) every
-stage keeps the slot batch full (the throughput-bound regime a training step is in); with more
-slots than roots a tree is latency-bound (roots, reflection, continuations run one after the
-other) and its wall-clock saving shrinks. Wall-clock per group = the arm's rollout time (decode,
-verification, reflection, scoring; batch assembly excluded) / P. Savings are fractions of the GRPO
-arm: ``hdl_token_saving = 1 - tokens_HDL / tokens_GRPO`` and ``hdl_wallclock_saving = 1 -
+compiled code: the steady state of a training run), then ``--reps`` times (default 2) timed on the P
+prompts, the arms alternating; every repetition samples the same tokens (same prompts and keys), so
+the repetitions differ only in seconds, and the savings use each arm's mean seconds. With ``slots``
+below the 2P roots of the HDL arm (default P=8 prompts, 8 slots: 128 GRPO rows, 16 roots + 112
+continuations) every stage keeps the slot batch full (the throughput-bound regime a training step is
+in); with more slots than roots a tree is latency-bound (roots, reflection, continuations run one
+after the other) and its wall-clock saving shrinks. Wall-clock per group = the arm's rollout time
+(decode, verification, reflection, scoring; batch assembly excluded) / P. Savings are fractions of
+the GRPO arm: ``hdl_token_saving = 1 - tokens_HDL / tokens_GRPO`` and ``hdl_wallclock_saving = 1 -
 seconds_HDL / seconds_GRPO``. The issue's goal: token saving in [0.35, 0.61] and wall-clock saving
 >= 0.8 x token saving. The CPUs may be shared with other work: the 1/5/15-minute load averages
-before and after are in the JSON (both arms run in one process, so their ratio is what counts),
-and so is each arm's process CPU time in the last repetition (``collect_cpu_seconds_last``,
+before and after are in the JSON (both arms run in one process, so their ratio is what counts), and
+so is each arm's process CPU time in the last repetition (``collect_cpu_seconds_last``,
 ``hdl_cpu_time_saving``), which other processes' load disturbs less than wall-clock when it changes
 between the arms. Two checks on the last timed run: ``compile_seconds_in_last_timed_run`` (tracing +
 XLA compilation, from ``jax.monitoring``; a shape the warm-up did not meet compiles in the first
-repetition, not in the last) and ``engines`` (per
-engine: slot occupancy, decode steps, prefills and their seconds; a decode step costs about the
-same however many slots are busy, and the reflection engine's prefills of whole attempts are
-compute-bound work that the generated-token count does not see).
+repetition, not in the last) and ``engines`` (per engine: slot occupancy, decode steps, prefills and
+their seconds; a decode step costs about the same however many slots are busy, and the reflection
+engine's prefills of whole attempts are compute-bound work that the generated-token count does not
+see).
 
     python -m experiments.bench.hdl_tokens [--quick]
 
@@ -116,6 +116,8 @@ def main(argv=None) -> dict:
                         help="timed repetitions of both arms, alternating (same prompts and keys); "
                              "the savings use the mean seconds (default 2)")
     args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
     p = args.prompts or (2 if args.quick else 8)
     max_new = args.max_new or (64 if args.quick else 128)
     slots = args.slots or (4 if args.quick else 8)

@@ -6,7 +6,7 @@ Every jitted sampling function is keyed by these rounded shapes (plus the static
   inactive padding and cost compute only up to 2x.
 * prompt / context length: next power of two, at least ``MIN_PROMPT_BUCKET`` (16), up to
   ``POW2_PROMPT_LIMIT`` (128); longer ones round up to a multiple of ``LONG_PROMPT_MULTIPLE``
-  (32), so that a 130-token context (an HDL hindsight context) pads to 160 rather than 256:
+  (32), so that a 130-token context (an HDL hindsight context) pads to 160 rather than 192:
   prefill and teacher-forced scoring are compute-bound, and cost per padded position. Prompts are
   right-padded; the pad tokens' K/V land in slots a real token later overwrites before any query
   reads them (the cache contract: queries read only ``slot <= position``).
