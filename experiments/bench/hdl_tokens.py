@@ -10,7 +10,7 @@ with min-p 0.2, with the same response cap and the same engine slot batch:
   generated tokens, as the paper counts) -> hindsight scoring of the roots -> 2 branch points per
   root past its first quarter (default ``min_prefix_fraction``) -> 4 + 3 continuations from the
   cached prefix (2 x (1 + 4 + 3) = 16 rows); all prompts' stages share the continuous-batching
-  engine, reflections run in a side engine stepped in full batches.
+  engine, reflections included (each continues its root's cached conversation).
 
 Why these sampling settings: HDL saves tokens only if a continuation branched at ``b`` runs about
 as long as its root's remaining ``len - b``. SmolLM2 at temperature 1 without truncation does not
@@ -36,10 +36,9 @@ so is each arm's process CPU time in the last repetition (``collect_cpu_seconds_
 ``hdl_cpu_time_saving``), which other processes' load disturbs less than wall-clock when it changes
 between the arms. Two checks on the last timed run: ``compile_seconds_in_last_timed_run`` (tracing +
 XLA compilation, from ``jax.monitoring``; a shape the warm-up did not meet compiles in the first
-repetition, not in the last) and ``engines`` (per engine: slot occupancy, decode steps, prefills and
-their seconds; a decode step costs about the same however many slots are busy, and the reflection
-engine's prefills of whole attempts are compute-bound work that the generated-token count does not
-see).
+repetition, not in the last) and ``engines`` (per engine: slot occupancy, decode steps, prefills,
+reflection-turn extensions and their seconds; a decode step costs about the same however many
+slots are busy, and prefills are compute-bound work that the generated-token count does not see).
 
     python -m experiments.bench.hdl_tokens [--quick]
 

@@ -53,7 +53,8 @@ class CharTokenizer:
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
         text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
-        return [CHAR_BOS] + self.encode(text + ("<assistant>" if add_generation_prompt else ""))
+        text += "<assistant>" if add_generation_prompt else ""
+        return [CHAR_BOS] + self.encode(text) if tokenize else text
 
 
 def char_model(seed: int = 0) -> Decoder:

@@ -18,12 +18,12 @@ from hindsight.rollout.dynamic import sample_dynamic
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeInfo, TreeOptions, sample_trees
 from hindsight.rollout.prompts import (Templates, hindsight_context, policy_prompt, probe_context,
-                                       reflection_prompt, teacher_context)
+                                       reflection_turn, teacher_context)
 
 __all__ = [
     "SHAPES", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
     "TreeOptions", "assemble", "choose_branch_points", "collect", "context_arrays",
     "context_logprobs", "hindsight_context", "policy_prompt", "probe_context",
-    "reflection_prompt", "sample_dynamic", "sample_groups", "sample_trees", "teacher_context",
+    "reflection_turn", "sample_dynamic", "sample_groups", "sample_trees", "teacher_context",
     "tree_advantages", "tree_layout",
 ]

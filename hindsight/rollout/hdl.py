@@ -1,7 +1,7 @@
 """HDL trees (spec §2), several prompts at once through continuous-batching engines.
 
 Per prompt: ``num_roots`` roots (one request, kept with their caches) -> verify -> one reflection
-call per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score
+per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score
 each root under its hindsight context ``h`` by teacher forcing
 (:func:`hindsight.sampling.score_logprobs`) and under the original context (the sampler's
 untruncated policy log-probs, or a re-score; both at the sampling temperature) -> ``s_t = |logp_h - logp_orig|`` -> branch points
@@ -11,13 +11,13 @@ rollouts for missing points -> verify the full sequences. Each stage is submitte
 engine's result callback, so prompt ``k``'s continuations decode in the same slot batch as prompt
 ``k+1``'s roots.
 
-Reflections run in a second, smaller engine: their prompts (the whole attempt plus instructions)
-are several times longer than the policy prompt, and a decode step reads every cache slot of every
-row, so one shared engine sized for them would make every root and continuation step more
-expensive. The side engine is stepped only with a full slot batch of reflections, or when the main
-engine has nothing queued (:meth:`hindsight.rollout.runtime.PhaseClock.run`): a decode step costs
-about the same for one row as for eight, so stepping it for the one or two reflections of the
-latest tree, in turn with a busy main engine, would spend most of a step per reflection token.
+A reflection continues its root's conversation (question, attempt, then a user turn with the
+verifier feedback asking for the reflection: :func:`hindsight.rollout.prompts.reflection_turn`),
+so it is sampled from the root's cached K/V in the same engine
+(:meth:`hindsight.sampling.engine.Engine.submit_extend`): only the request turn is computed, and
+the reflection rows fill free slots beside other trees' rows. (A separate reflection prompt that
+pastes the attempt would prefill the whole attempt again, in an engine of its own with a longer
+cache: on SmolLM2 that cost HDL a third of the decode time it saves.)
 
 Shapes are fixed per call so that a training run compiles each once: hindsight scoring pads every
 root to ``T`` and every ``h`` to at least the bucket of its expected length
@@ -29,13 +29,14 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hindsight.methods.hdl import HDLConfig
 from hindsight.rollout.assemble import GroupRows
 from hindsight.rollout.branching import TreeLayout, choose_branch_points, tree_layout
 from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, hindsight_context,
-                                       policy_prompt, reflection_prompt)
+                                       policy_prompt, reflection_turn)
 from hindsight.rollout.runtime import PhaseClock, decode, fit_width, make_engine, request_key, \
     verify_rows
 from hindsight.sampling import SamplingParams, score_logprobs
@@ -43,13 +44,10 @@ from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
 
 _ROOTS, _REFLECT, _BRANCH, _FRESH, _RANDOM = range(5)
-_REFLECTION_SLOTS = 8  # fixed, so calls with different P share one compiled decode
-# Room in the reflection engine's cache for the verifier feedback and re-tokenisation of the
-# attempt inside the reflection prompt (its length is only known once the roots are verified).
-_FEEDBACK_SLACK = 64
-# Typical verifier feedback length in ``h`` (sizes the scoring shape; longer feedback still fits,
-# at the next bucket).
-_FEEDBACK_TOKENS = 16
+# Typical verifier feedback length (count_letters' "expected 3, got 5" is 7 SmolLM2 tokens): sizes
+# the cache room for the reflection turn and the scoring shape of ``h``. Longer feedback cuts a
+# reflection after a root that ran to the cap to the room left, and scores ``h`` at the next bucket.
+_FEEDBACK_TOKENS = 8
 
 
 REFLECTION_FRACTION = 8  # default reflection cap: T // 8
@@ -63,16 +61,17 @@ class TreeOptions:
       reflection_max_tokens: cap on each reflection's length. Default (None): an eighth of the
         response cap ``T`` (at least 8). The spec's "max ~1k" is for long-CoT responses capped
         at ~8k tokens: the same eighth. Reflections are generated tokens (the token economics
-        count them), two per 16-row group, decoded in a side engine at a worse per-token cost than
-        the policy rows, so a cap of ``T/8`` bounds them at ``T/4`` per group, 1/64 of a GRPO group
+        count them), two per 16-row group, so a cap of ``T/8`` bounds them at ``T/4`` per group, 1/64 of a GRPO group
         whose rows run to the cap. A small model rambles to whatever cap it gets (SmolLM2's
         reflections nearly always reach it), and the verifier feedback, not the reflection,
-        carries most of what ``h`` knows.
+        carries most of what ``h`` knows. A reflection whose conversation would overflow the engine's
+        cache (feedback longer than expected after a root that ran to the cap) is cut to the room
+        left; its length is recorded in :class:`TreeInfo`.
       hindsight_reflection_tokens: the reflection is left-truncated to this many tokens in ``h``
         (default: the reflection cap, i.e. no truncation).
       rescore_original: score ``logp_orig`` by teacher forcing the roots after the prompt instead of
         reusing the sampler's policy log-probs (same weights; only rounding differs).
-      templates: wording of the reflection prompt and ``h``.
+      templates: wording of the reflection turn and ``h``.
     """
     reflection_max_tokens: int | None = None
     hindsight_reflection_tokens: int | None = None
@@ -174,18 +173,15 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     # templates' overhead, each rounded up to a multiple of 16: calls whose questions differ by a
     # few tokens then share one compiled reflection decode and one scoring shape.
     question = _round16(max(len(t.prompt) for t in trees))
-    bare = question + _template_overhead(
-        examples, trees, lambda ex: reflection_prompt(tokenizer, ex, "", "",
-                                                      templates=options.templates))
     h_floor = question + h_cap + _FEEDBACK_TOKENS + _template_overhead(
         examples, trees, lambda ex: hindsight_context(
             tokenizer, ex, "", [], max_reflection_tokens=0, templates=options.templates))
-    engine = make_engine(model, params, longest_prompt=max(len(t.prompt) for t in trees),
-                         max_new_tokens=width, rows=len(trees) * config.group_size, slots=slots,
-                         chunk_steps=chunk_steps)
-    reflector = make_engine(model, params, longest_prompt=bare + width + _FEEDBACK_SLACK,
-                            max_new_tokens=refl_cap, rows=len(trees) * n_roots,
-                            slots=_REFLECTION_SLOTS, chunk_steps=chunk_steps, name="reflection")
+    # room for a root run to the cap, the reflection turn and the reflection
+    turn = max(len(reflection_turn(tokenizer, ex, "", templates=options.templates)) for ex in examples)
+    longest = max(len(t.prompt) for t in trees)
+    engine = make_engine(model, params, longest_prompt=longest, max_new_tokens=width,
+                         rows=len(trees) * config.group_size, slots=slots, chunk_steps=chunk_steps,
+                         min_len=longest + width + turn + _FEEDBACK_TOKENS + refl_cap)
     groups: dict[int, GroupRows] = {}
     infos: dict[int, TreeInfo] = {}
 
@@ -197,26 +193,33 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
             tree.root_rewards, tree.feedback, tree.root_texts = verify_rows(
                 task, ex, tokenizer, res.tokens, res.lengths)
         with clock.host_phase("reflection"):
+            turns, caps = [], []
             for r in range(n_roots):
                 feedback = CORRECT_FEEDBACK if tree.root_rewards[r] >= 1.0 else tree.feedback[r]
                 tree.feedback[r] = feedback
-                ids = reflection_prompt(tokenizer, ex, tree.root_texts[r], feedback,
-                                        templates=options.templates)
-                room = reflector.max_len - len(ids)
+                ids = reflection_turn(tokenizer, ex, feedback, templates=options.templates)
+                n = int(res.lengths[r])
+                if n and res.tokens[r, n - 1] == ids[0]:
+                    ids = ids[1:]  # the root ended its turn itself
+                room = engine.max_len - int(res.prompt_lengths[r]) - n - len(ids)
                 if room < 1:
-                    raise ValueError(f"the reflection prompt of example {k} ({len(ids)} tokens) "
-                                     f"does not fit the reflection cache ({reflector.max_len})")
-                reflector.submit(ids, max_new_tokens=min(refl_cap, room),
-                                 key=request_key(key, k, _REFLECT, r), tag=(_REFLECT, k, r))
+                    raise ValueError(f"root {r} of example {k} and its reflection turn "
+                                     f"({len(ids)} tokens) leave no room in the cache "
+                                     f"({engine.max_len}) for a reflection")
+                turns.append(ids), caps.append(min(refl_cap, room))
+            engine.submit_extend(res, np.arange(n_roots), turns, max_new_tokens=caps,
+                                 row_keys=jnp.stack([request_key(key, k, _REFLECT, r)
+                                                           for r in range(n_roots)]),
+                                 tag=(_REFLECT, k))
 
-    def on_reflection(k, r, res):
+    def on_reflection(k, res):
         tree = trees[k]
-        n = int(res.lengths[0])
-        clock.tokens["reflection"] += n
-        tree.reflections[r] = (res.tokens[0, :n], decode(tokenizer, res.tokens[0], n))
-        if len(tree.reflections) == n_roots:
-            with clock.host_phase("scoring"):
-                _score_and_branch(k)
+        clock.tokens["reflection"] += int(res.lengths.sum())
+        for r in range(n_roots):
+            n = int(res.lengths[r])
+            tree.reflections[r] = (res.tokens[r, :n], decode(tokenizer, res.tokens[r], n))
+        with clock.host_phase("scoring"):
+            _score_and_branch(k)
 
     def _score_and_branch(k):
         tree, ex, roots = trees[k], examples[k], trees[k].roots
@@ -313,12 +316,12 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
         if tag[0] == _ROOTS:
             on_roots(tag[1], res)
         elif tag[0] == _REFLECT:
-            on_reflection(tag[1], tag[2], res)
+            on_reflection(tag[1], res)
         else:
             on_part(tag[0], tag[1], res)
 
     for k, tree in enumerate(trees):
         engine.submit(tree.prompt, num_samples=n_roots, key=request_key(key, k, _ROOTS),
                       keep_cache=True, tag=(_ROOTS, k))
-    clock.run([engine, reflector], on_result, batched=[reflector])
+    clock.run([engine], on_result)
     return [groups[k] for k in range(len(trees))], [infos[k] for k in range(len(trees))]

@@ -1,9 +1,10 @@
-"""Chat-templated contexts for rollouts: the policy prompt, HDL's reflection prompt and hindsight
+"""Chat-templated contexts for rollouts: the policy prompt, HDL's reflection turn and hindsight
 context ``h`` (spec §2), and the privileged contexts of self-distillation (spec §1.3).
 
 Every builder returns token ids (``list[int]``) of a user turn passed through the tokenizer's chat
 template with the generation prompt (:func:`hindsight.sampling.text.encode_prompt`), so a response
-teacher-forced after it reads exactly as the policy's own answer would. Wording lives in
+teacher-forced after it reads exactly as the policy's own answer would; the reflection turn is the
+template's continuation of a conversation after the policy's answer. Wording lives in
 :class:`Templates` (OUR CHOICE, modelled on SDPO's teacher prompt and R3L's reflection prompt) so a
 researcher can change it without touching the code.
 """
@@ -22,20 +23,18 @@ class Templates:
     """Wording of the rollout contexts (``str.format`` fields in braces).
 
     Attributes:
-      reflection_system: system turn of the reflection call (spec §2: summarise the attempt, trace
-        the root cause, state a reusable fix, name the earliest step to change).
-      reflection_user: user turn: ``{question}``, ``{attempt}``, ``{feedback}``.
+      reflection: the user turn that follows the attempt in the reflection call: ``{feedback}``.
+        The question and the attempt are the conversation before it, so the call continues the
+        attempt's cached K/V. Terse on purpose: the turn, the reflection (capped at ``T/8`` by
+        default) and a root that ran to the cap share the cache room past the response cap. It
+        keeps three of spec §2's duties (root cause, fix, earliest step to change) and drops the
+        summary of the attempt, which a capped reflection has no room for.
       hindsight: user turn of ``h``: ``{question}``, ``{feedback}``, ``{reflection}``; the attempt
         itself is never pasted (it would make the score trivially small by copying).
       teacher: user turn of the privileged context: ``{question}``, ``{answer}``.
       probe: user turn of the reference-only context: ``{answer}``.
     """
-    reflection_system: str = (
-        "You review an attempt at a problem. Briefly: summarise what the attempt did, trace the "
-        "root cause of its failure (or of its success), state a reusable fix, and name the "
-        "earliest step where a different decision would change the outcome.")
-    reflection_user: str = ("Problem:\n{question}\n\nAttempt:\n{attempt}\n\n"
-                            "Verifier feedback: {feedback}")
+    reflection: str = "Feedback: {feedback}. Root cause, fix, first step to change?"
     hindsight: str = ("{question}\n\nFeedback on an earlier attempt: {feedback}\n\n"
                       "Reflection: {reflection}\n\n"
                       "Using this, solve the original question correctly.")
@@ -50,13 +49,32 @@ def policy_prompt(tokenizer, example: Example) -> list[int]:
     return encode_prompt(tokenizer, example.prompt)
 
 
-def reflection_prompt(tokenizer, example: Example, attempt: str, feedback: str, *,
-                      templates: Templates = Templates()) -> list[int]:
-    """Token ids of the reflection call's prompt: system instructions, then question + attempt +
-    verifier feedback (``"verified correct"`` for correct roots)."""
-    user = templates.reflection_user.format(question=example.prompt, attempt=attempt,
-                                            feedback=feedback)
-    return encode_prompt(tokenizer, user, system=templates.reflection_system)
+def reflection_turn(tokenizer, example: Example, feedback: str, *,
+                    templates: Templates = Templates()) -> list[int]:
+    """Token ids that follow an attempt (the policy's answer after :func:`policy_prompt`) to ask
+    for a reflection on it: the end of the assistant's turn, the user turn
+    ``templates.reflection`` with the verifier ``feedback`` (``"verified correct"`` for correct
+    attempts), and the generation prompt. ``policy_prompt + attempt + turn`` is the chat template of
+    the three-turn conversation (question, attempt, reflection request), so the reflection can be
+    sampled from the attempt's cache (:meth:`hindsight.sampling.engine.Engine.submit_extend`).
+    An attempt that already ended its turn (sampled the turn-end token the ids start with) takes
+    them from the second id on.
+
+    Raises ValueError if the tokenizer's chat template does not render a conversation as the
+    prompt of its first turn followed by the answer (then no suffix continues an answer).
+    """
+    sentinel = "\x00ATTEMPT\x00"
+    messages = [{"role": "user", "content": example.prompt}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template(
+        messages + [{"role": "assistant", "content": sentinel},
+                    {"role": "user", "content": templates.reflection.format(feedback=feedback)}],
+        add_generation_prompt=True, tokenize=False)
+    if not whole.startswith(prompt + sentinel) or whole.count(sentinel) != 1:
+        raise ValueError("the tokenizer's chat template does not render a conversation as its first "
+                         "turn's prompt followed by the answer; HDL's reflection call needs one "
+                         "that does")
+    return [int(i) for i in tokenizer.encode(whole[len(prompt + sentinel):], add_special_tokens=False)]
 
 
 def hindsight_context(tokenizer, example: Example, feedback: str, reflection: list[int], *,

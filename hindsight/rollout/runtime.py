@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from hindsight.sampling import SamplingParams
-from hindsight.sampling.buckets import cache_len_bucket
+from hindsight.sampling.buckets import CACHE_LEN_MULTIPLE, cache_len_bucket
 from hindsight.sampling.engine import Engine
 from hindsight.tasks import Example
 
@@ -31,10 +31,13 @@ def with_eos(params: SamplingParams, tokenizer) -> SamplingParams:
 
 
 def make_engine(model, params: SamplingParams, *, longest_prompt: int, max_new_tokens: int,
-                rows: int, slots: int | None, chunk_steps: int, name: str = "main") -> Engine:
-    """An engine whose cache fits ``longest_prompt + max_new_tokens``; ``slots`` defaults to
-    ``min(rows, 64)`` (the whole first wave when it fits)."""
-    max_len = cache_len_bucket(longest_prompt, max_new_tokens)
+                rows: int, slots: int | None, chunk_steps: int, min_len: int = 0,
+                name: str = "main") -> Engine:
+    """An engine whose cache fits ``longest_prompt + max_new_tokens`` (and ``min_len`` tokens: e.g.
+    a follow-up turn after a whole response); ``slots`` defaults to ``min(rows, 64)`` (the whole
+    first wave when it fits)."""
+    max_len = max(cache_len_bucket(longest_prompt, max_new_tokens),
+                  -(-int(min_len) // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE)
     return Engine(model, params, slots=slots or min(rows, 64), max_len=max_len,
                   chunk_steps=chunk_steps, name=name)
 
@@ -97,30 +100,16 @@ class PhaseClock:
         finally:
             self.host[name] += time.perf_counter() - start
 
-    def run(self, engines: Sequence[Engine], on_result, *, batched: Sequence[Engine] = ()) -> None:
+    def run(self, engines: Sequence[Engine], on_result) -> None:
         """Step ``engines`` in turn (one decode chunk each) until all are idle, calling
         ``on_result(tag, rollouts)`` for each completed request (it may submit more work to any of
-        them); their decode time and statistics are recorded under their ``name``.
-
-        An engine in ``batched`` (one of ``engines``) is stepped only when it has work for all its
-        slots, or when no engine outside ``batched`` has queued rows (then its results are what the
-        others wait for). A decode step costs nearly the same whether its slots are full or not (on a CPU the
-        weights are read once per step either way), so a side engine stepped for a row or two at a
-        time, in turn with a full main engine, would spend a near-full step per token it makes.
-        """
-        batched = [e for e in engines if any(e is b for b in batched)]
+        them); their decode time and statistics are recorded under their ``name``."""
         names = [getattr(e, "name", "engine") for e in engines]
         stats_before = [collections.Counter(getattr(e, "stats", {})) for e in engines]
         while not all(e.idle for e in engines):
             for engine, name in zip(engines, names):
                 if engine.idle:
                     continue
-                if any(engine is b for b in batched):
-                    others_busy = any(e.queued_rows for e in engines
-                                      if not any(e is b for b in batched))
-                    full = engine.queued_rows + engine.active_rows >= engine.slots
-                    if others_busy and not full:
-                        continue
                 start, host, tokens = time.perf_counter(), sum(self.host.values()), \
                     collections.Counter(self.tokens)
                 for tag, res in engine.step():

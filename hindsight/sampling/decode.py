@@ -114,8 +114,16 @@ def prefill(graphdef, weights, tokens: jax.Array, *, max_len: int, cache_dtype=N
     model = nnx.merge(graphdef, weights)
     cache = model.init_cache(tokens.shape[0], max_len, dtype=cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    _, cache = model(tokens, positions, cache=cache, return_hidden=True)
-    return cache
+    return model(tokens, positions, cache=cache, return_hidden=True)[1]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def extend(graphdef, weights, cache, tokens: jax.Array, positions: jax.Array):
+    """``cache`` (donated) with the K/V of ``tokens [n,S]`` written at ``positions [n,S]``: a prefill
+    that continues rows already holding a prefix. As in `prefill`, right padding writes slots that
+    a real token overwrites before they are read (or positions past the cache, which are dropped).
+    """
+    return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True)[1]
 
 
 def split_model(model, *, decode: bool = False):

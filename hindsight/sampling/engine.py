@@ -26,7 +26,7 @@ import numpy as np
 from hindsight.sampling import cache_rows, inputs
 from hindsight.sampling.branch import branch_requests
 from hindsight.sampling.buckets import pow2_bucket, prompt_bucket
-from hindsight.sampling.decode import DecodeState, decode_steps, prefill, split_model
+from hindsight.sampling.decode import DecodeState, decode_steps, extend, prefill, split_model
 from hindsight.sampling.params import SamplingParams
 from hindsight.sampling.rollouts import Rollouts, collect
 
@@ -148,6 +148,75 @@ class Engine:
         self._branches.append(req)
         return req.rid
 
+    def submit_extend(self, rollouts: Rollouts, rows, suffixes, *, max_new_tokens=None, key=None,
+                      row_keys=None, stop_tokens=None, keep_cache: bool = False, tag=None) -> int:
+        """Queue one row per ``rows[i]`` whose prompt is that row's whole sequence in ``rollouts``
+        (prompt + response) followed by ``suffixes[i]``: a follow-up turn after a sampled answer,
+        e.g. a request to reflect on it. The row's cached K/V are reused (copied, as a branch's
+        are) and only the suffix is computed, in one forward pass over the new rows at submission.
+
+        Token for token, a row samples what ``submit(sequence + suffix, row_keys=...)`` samples.
+
+        Args:
+          rollouts: a result with its cache (``keep_cache=True``) from this engine.
+          rows: ``[N]`` rows of ``rollouts``; suffixes: N non-empty token sequences.
+          max_new_tokens: int or ``[N]`` (default: the params' cap); sequence + suffix + it must
+            fit in ``max_len``.
+        The result's ``prompt_lengths`` count the sequence and the suffix; ``parents`` are ``rows``.
+        """
+        if rollouts.state.tokens.shape[1] != self.max_len:
+            raise ValueError(f"rollouts have cache length {rollouts.state.tokens.shape[1]}, engine {self.max_len}")
+        if rollouts.state.cache is None:
+            raise ValueError("these rollouts carry no cache: submit them with keep_cache=True to extend them")
+        src = np.atleast_1d(np.asarray(rows))
+        if src.ndim != 1 or not np.issubdtype(src.dtype, np.integer):
+            raise ValueError(f"`rows` must be a 1-D int array, got {src!r}")
+        bad = np.nonzero((src < 0) | (src >= rollouts.num_rows))[0]
+        if bad.size:
+            raise ValueError(f"extended row {src[bad[0]]} is outside the {rollouts.num_rows} rollout rows")
+        suffix = inputs.token_lists("suffixes", suffixes, vocab_size=self.vocab)
+        n = src.size
+        if len(suffix) != n:
+            raise ValueError(f"{n} rows but {len(suffix)} suffixes")
+        max_new = inputs.per_row_ints("max_new_tokens", self.params.max_new_tokens if max_new_tokens is None
+                                      else max_new_tokens, n, minimum=1)
+        src = src.astype(np.int32)
+        length = rollouts.prompt_lengths[src] + rollouts.lengths[src]  # the sequence so far
+        plen = (length + np.array([s.size for s in suffix])).astype(np.int32)
+        over = np.nonzero(plen + max_new > self.max_len)[0]
+        if over.size:
+            i = over[0]
+            raise ValueError(f"row {src[i]}'s sequence ({length[i]} tokens) plus its suffix "
+                             f"({suffix[i].size}) plus max_new_tokens ({max_new[i]}) exceeds the "
+                             f"engine's max_len={self.max_len}")
+        seqs = np.array(jax.device_get(rollouts.state.tokens))[src]
+        for i, s in enumerate(suffix):
+            seqs[i, length[i]:] = 0
+            seqs[i, length[i]:plen[i]] = s
+        # the forward feeds the sequence's last token (its K/V may not be cached: a row stops
+        # before feeding its last sample) and all but the suffix's last token, which the first
+        # decode step feeds, as after a prefill
+        width = min(prompt_bucket(int((plen - length).max())), self.max_len)
+        bb = pow2_bucket(n)
+        feed = np.zeros((bb, width), np.int32)
+        positions = np.full((bb, width), self.max_len, np.int32)  # padding rows write nothing
+        for i in range(n):
+            s = plen[i] - length[i]
+            feed[i, :s] = seqs[i, length[i] - 1:plen[i] - 1]
+            positions[i] = length[i] - 1 + np.arange(width)
+        t0 = time.perf_counter()
+        cache = cache_rows.take_rows(rollouts.state.cache, np.pad(src, (0, bb - n), mode="edge"), self.axes)
+        cache = extend(self.graphdef, self.weights, cache, jnp.asarray(feed), jnp.asarray(positions))
+        jax.block_until_ready(cache)
+        self.stats["extends"] += 1
+        self.stats["extend_s"] += time.perf_counter() - t0
+        req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, key=key,
+                            row_keys=row_keys, stop_tokens=stop_tokens, keep_cache=keep_cache)
+        req.parents = src
+        req.source = (cache, np.arange(n, dtype=np.int32))
+        self._branches.append(req)  # like branches: they finish trees, and hold a cache
+        return req.rid
+
     def _request(self, n, tag, *, seqs, plen, starts, max_new, key, row_keys, stop_tokens, keep_cache):
         rid, self._next_id = self._next_id, self._next_id + 1
         keys = np.asarray(jax.random.key_data(inputs.row_keys(key, row_keys, n)))
@@ -163,16 +232,6 @@ class Engine:
     def idle(self) -> bool:
         """No queued rows and no row decoding."""
         return not self._prompts and not self._branches and all(o is None for o in self._owner)
-
-    @property
-    def queued_rows(self) -> int:
-        """Rows submitted but not yet placed in a slot."""
-        return sum(r.n - r.placed for q in (self._prompts, self._branches) for r in q)
-
-    @property
-    def active_rows(self) -> int:
-        """Rows occupying a slot (decoding, or finished and waiting for the next harvest)."""
-        return sum(o is not None for o in self._owner)
 
     def run(self, on_result: Callable[[object, Rollouts], None] | None = None) -> dict:
         """Step until idle. ``on_result(tag, rollouts)`` is called for each completed request (it may

@@ -14,7 +14,7 @@ from hindsight.rollout import (RolloutConfig, Templates, TreeOptions, collect, c
 from hindsight.sampling import SamplingParams, score_logprobs
 from tests.rollout.helpers import ScriptedTask, examples
 
-SHORT = Templates(reflection_system="Reflect.", reflection_user="{question}|{attempt}|{feedback}",
+SHORT = Templates(reflection="{feedback}|reflect",
                   hindsight="{question}|{feedback}|{reflection}|solve")
 TREE = TreeOptions(reflection_max_tokens=8, hindsight_reflection_tokens=6, templates=SHORT,
                    rescore_original=True)

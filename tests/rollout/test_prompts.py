@@ -3,7 +3,7 @@ privileged contexts, and what must stay out."""
 import pytest
 
 from hindsight.rollout import (Templates, hindsight_context, policy_prompt, probe_context,
-                               reflection_prompt, teacher_context)
+                               reflection_turn, teacher_context)
 from hindsight.tasks import Example
 from tests.rollout.helpers import CharTokenizer
 
@@ -12,14 +12,30 @@ EX = Example(prompt="What is 2 + 3?", answer="5")
 text = lambda ids: TOK.decode(ids, skip_special_tokens=True)
 
 
-def test_policy_and_reflection_prompt():
-    assert text(policy_prompt(TOK, EX)) == "<user>What is 2 + 3?\n<assistant>"
-    r = text(reflection_prompt(TOK, EX, "2 + 3 = 6", "expected 5, got 6"))
-    assert r.startswith("<system>" + Templates().reflection_system)
-    for part in ("What is 2 + 3?", "2 + 3 = 6", "expected 5, got 6"):
-        assert part in r
-    for duty in ("summarise", "root cause", "reusable fix", "earliest step"):
-        assert duty in Templates().reflection_system
+def test_policy_prompt_and_reflection_turn():
+    prompt = policy_prompt(TOK, EX)
+    assert text(prompt) == "<user>What is 2 + 3?\n<assistant>"
+    turn = reflection_turn(TOK, EX, "expected 5, got 6")
+    # prompt + attempt + turn is the chat template of the conversation that asks for a reflection
+    asked = Templates().reflection.format(feedback="expected 5, got 6")
+    assert prompt + TOK.encode("2 + 3 = 6") + turn == TOK.apply_chat_template(
+        [{"role": "user", "content": EX.prompt}, {"role": "assistant", "content": "2 + 3 = 6"},
+         {"role": "user", "content": asked}])
+    assert text(turn) == f"\n<user>{asked}\n<assistant>"
+    for duty in ("Root cause", "fix", "first step"):
+        assert duty in Templates().reflection
+    short = Templates(reflection="{feedback}!")
+    assert text(reflection_turn(TOK, EX, "fb", templates=short)) == "\n<user>fb!\n<assistant>"
+
+
+def test_reflection_turn_needs_a_template_that_keeps_the_answer():
+    class DropsAnswers(type(TOK)):  # like templates that strip earlier assistant turns
+        def apply_chat_template(self, messages, **kw):
+            return super().apply_chat_template(
+                [m for m in messages if m["role"] != "assistant"], **kw)
+
+    with pytest.raises(ValueError, match="chat template"):
+        reflection_turn(DropsAnswers(), EX, "fb")
 
 
 def test_hindsight_context_has_no_attempt_and_cuts_reflection_from_the_left():

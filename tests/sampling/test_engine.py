@@ -55,6 +55,43 @@ def test_prompts_prefilled_in_power_of_two_batches_without_padding_rows(tiny):
                                    rtol=1e-5, atol=1e-6)
 
 
+def test_extension_samples_what_a_prompt_of_the_whole_conversation_samples(tiny):
+    """A follow-up turn after sampled answers (a row that stopped and one that hit its cap), from
+    their cached K/V, samples exactly what the concatenated sequence sampled as a prompt does,
+    and decodes in the slot batch beside other work."""
+    keys = jax.random.split(jax.random.key(3), 3)
+    params = SamplingParams(max_new_tokens=12, stop_tokens=(7,))
+    engine = Engine(tiny, params, slots=4, max_len=64, chunk_steps=3)
+    engine.submit(PROMPTS[1], num_samples=3, row_keys=keys, keep_cache=True, tag="first")
+    first = engine.run()["first"]
+    assert first.stopped.any() and not first.stopped.all()  # both kinds of sequence end
+    suffixes = [[7, 8, 9, 10, 11], [12], [13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29]]
+    ext_keys = jax.random.split(jax.random.key(4), 3)
+    engine.submit(PROMPTS[0], num_samples=4, key=jax.random.key(5), tag="beside")
+    engine.submit_extend(first, [2, 0, 1], suffixes, max_new_tokens=[9, 5, 9], row_keys=ext_keys,
+                         tag="ext")
+    out = engine.run()
+    assert engine.stats["extends"] == 1
+    got = out["ext"]
+    for i, (row, suffix, cap) in enumerate(zip([2, 0, 1], suffixes, [9, 5, 9])):
+        whole = list(first.sequence(row)) + suffix
+        ref = generate(tiny, [whole], params, row_keys=ext_keys[i:i + 1], max_new_tokens=cap, max_len=64)
+        n = int(ref.lengths[0])
+        assert got.lengths[i] == n and got.prompt_lengths[i] == len(whole) and got.parents[i] == row
+        np.testing.assert_array_equal(got.tokens[i, :n], ref.tokens[0, :n])
+        np.testing.assert_allclose(got.policy_logprobs[i, :n], ref.policy_logprobs[0, :n], rtol=1e-5,
+                                   atol=1e-5)
+        np.testing.assert_array_equal(got.sequence(i), list(whole) + list(ref.tokens[0, :n]))
+    with pytest.raises(ValueError, match="exceeds the engine's max_len"):
+        engine.submit_extend(first, [0], [list(range(1, 60))])
+    with pytest.raises(ValueError, match="outside the 3 rollout rows"):
+        engine.submit_extend(first, [3], [[1]])
+    with pytest.raises(ValueError, match="2 rows but 1 suffixes"):
+        engine.submit_extend(first, [0, 1], [[1]])
+    with pytest.raises(ValueError, match="keep_cache"):
+        engine.submit_extend(out["beside"], [0], [[1]])
+
+
 def test_engine_rejects_bad_input(tiny):
     engine = Engine(tiny, PARAMS, slots=2, max_len=32)
     with pytest.raises(ValueError, match="exceeds the engine's max_len"):
