@@ -61,12 +61,12 @@ class TreeOptions:
       reflection_max_tokens: cap on each reflection's length. Default (None): an eighth of the
         response cap ``T`` (at least 8). The spec's "max ~1k" is for long-CoT responses capped
         at ~8k tokens: the same eighth. Reflections are generated tokens (the token economics
-        count them), two per 16-row group, so a cap of ``T/8`` bounds them at ``T/4`` per group, 1/64 of a GRPO group
-        whose rows run to the cap. A small model rambles to whatever cap it gets (SmolLM2's
-        reflections nearly always reach it), and the verifier feedback, not the reflection,
-        carries most of what ``h`` knows. A reflection whose conversation would overflow the engine's
-        cache (feedback longer than expected after a root that ran to the cap) is cut to the room
-        left; its length is recorded in :class:`TreeInfo`.
+        count them), two per 16-row group, so a cap of ``T/8`` bounds them at ``T/4`` per group,
+        1/64 of a GRPO group whose rows run to the cap. A small model rambles to whatever cap it
+        gets (SmolLM2's reflections nearly always reach it), and the verifier feedback, not the
+        reflection, carries most of what ``h`` knows. A reflection whose conversation would
+        overflow the engine's cache (feedback longer than expected after a root that ran to the
+        cap) is cut to the room left; its length is recorded in :class:`TreeInfo`.
       hindsight_reflection_tokens: the reflection is left-truncated to this many tokens in ``h``
         (default: the reflection cap, i.e. no truncation).
       rescore_original: score ``logp_orig`` by teacher forcing the roots after the prompt instead of
@@ -169,15 +169,16 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     width, n_roots = params.max_new_tokens, config.num_roots
     refl_cap, h_cap = options.reflection_cap(width), options.hindsight_cap(width)
     trees = [_Tree(prompt=np.asarray(policy_prompt(tokenizer, ex), np.int32)) for ex in examples]
-    # The reflection cache and the scoring shape are sized from the longest policy prompt and the
-    # templates' overhead, each rounded up to a multiple of 16: calls whose questions differ by a
-    # few tokens then share one compiled reflection decode and one scoring shape.
+    # The scoring shape is sized from the longest policy prompt and the template's overhead, each
+    # rounded up to a multiple of 16: calls whose questions differ by a few tokens then share one
+    # compiled shape.
     question = _round16(max(len(t.prompt) for t in trees))
     h_floor = question + h_cap + _FEEDBACK_TOKENS + _template_overhead(
         examples, trees, lambda ex: hindsight_context(
             tokenizer, ex, "", [], max_reflection_tokens=0, templates=options.templates))
-    # room for a root run to the cap, the reflection turn and the reflection
-    turn = max(len(reflection_turn(tokenizer, ex, "", templates=options.templates)) for ex in examples)
+    # cache room for a root run to the cap, the reflection turn and the reflection
+    turn = max(len(reflection_turn(tokenizer, ex, "", templates=options.templates))
+               for ex in examples)
     longest = max(len(t.prompt) for t in trees)
     engine = make_engine(model, params, longest_prompt=longest, max_new_tokens=width,
                          rows=len(trees) * config.group_size, slots=slots, chunk_steps=chunk_steps,
@@ -209,7 +210,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
                 turns.append(ids), caps.append(min(refl_cap, room))
             engine.submit_extend(res, np.arange(n_roots), turns, max_new_tokens=caps,
                                  row_keys=jnp.stack([request_key(key, k, _REFLECT, r)
-                                                           for r in range(n_roots)]),
+                                                     for r in range(n_roots)]),
                                  tag=(_REFLECT, k))
 
     def on_reflection(k, res):

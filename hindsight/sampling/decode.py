@@ -12,7 +12,10 @@ Hence:
   ``(tokens[a-1], a-1)`` on a copy of that row's cache: no prefix recomputation;
 * the token at absolute position t is always drawn with ``fold_in(row_key, t)``, so a row's draws
   depend only on its key and its own prefix, never on batch neighbours, padding or chunking, and a
-  branch at a reproduces decoding from scratch with ``prompt + response[:a]`` as the prompt.
+  branch at a reproduces decoding from scratch with ``prompt + response[:a]`` as the prompt;
+* a follow-up turn ``s`` (S tokens) after a finished sequence of length L starts at
+  ``(s[S-1], L+S-1)`` once `extend` has written ``[seq[L-1], s[:S-1]]`` at ``L-1 .. L+S-2`` on a
+  copy of that row's cache (the sequence's last token may never have been fed).
 
 Finished and padding rows stay in the batch (fixed shapes) and keep feeding their ``(last, pos)``:
 that rewrites slot ``pos`` with the K/V the sequence has there anyway, so their caches stay valid

@@ -1,16 +1,19 @@
 """Continuous batching: a fixed slot batch decoded in jitted chunks, refilled between chunks.
 
 Rows decode with their own positions, so any mix of work shares one batch: the G rows of a prompt
-(prefilled once, then copied into G slots), and branch continuations of earlier results (their
-cache rows copied from the result, no prefix recomputation). A host-side scheduler runs between
-chunks of ``chunk_steps`` decode steps: it harvests finished rows, completes requests whose rows
-are all done, and refills free slots from the queue (branch requests first, so that trees finish
-and free their caches early; then prompts in submission order). This turns the tokens an HDL tree
+(prefilled once, then copied into G slots), branch continuations of earlier results (their
+cache rows copied from the result, no prefix recomputation), and follow-up turns after a finished
+result (its cache rows copied, only the new turn computed: ``submit_extend``). A host-side
+scheduler runs between chunks of ``chunk_steps`` decode steps: it harvests finished rows,
+completes requests whose rows are all done, and refills free slots from the queue (branches and
+follow-ups first, so that trees finish and free their caches early; then prompts in submission
+order). This turns the tokens an HDL tree
 saves into saved wall-clock: continuations of prompt k share the batch with the roots of prompt
 k+1 instead of running as a half-empty lock-step batch as long as their earliest branch.
 
 Compiles: one decode chunk per (slots, max_len, params), one prefill per (prompt batch bucket,
-prompt length bucket), one row move per (rows-moved bucket, source batch).
+prompt length bucket), one extension per (rows bucket, turn length bucket), one row move per
+(rows-moved bucket, source batch).
 """
 from __future__ import annotations
 
@@ -71,10 +74,10 @@ class Engine:
         (default ``max(1, slots // 8)``), so freed slots idle for few steps without a host round
         trip per finished row.
       cache_dtype: KV-cache dtype (default the model's compute dtype).
-      name: label for statistics (e.g. ``"main"``, ``"reflection"``).
+      name: label for statistics (e.g. ``"main"``).
 
-    Use: `submit` / `submit_branch` requests, then `run` (optionally with a callback that submits
-    follow-up work, e.g. branches of a finished group) or `step` manually.
+    Use: `submit` / `submit_branch` / `submit_extend` requests, then `run` (optionally with a
+    callback that submits follow-up work, e.g. branches of a finished group) or `step` manually.
     """
 
     def __init__(self, model, params: SamplingParams, *, slots: int, max_len: int, chunk_steps: int = 16,
