@@ -1,15 +1,14 @@
 """Continuous batching: a fixed slot batch decoded in jitted chunks, refilled between chunks.
 
 Rows decode with their own positions, so any mix of work shares one batch: the G rows of a prompt
-(prefilled once, then copied into G slots), branch continuations of earlier results (their
-cache rows copied from the result, no prefix recomputation), and follow-up turns after a finished
-result (its cache rows copied, only the new turn computed: ``submit_extend``). A host-side
-scheduler runs between chunks of ``chunk_steps`` decode steps: it harvests finished rows,
-completes requests whose rows are all done, and refills free slots from the queue (branches and
-follow-ups first, so that trees finish and free their caches early; then prompts in submission
-order). This turns the tokens an HDL tree
-saves into saved wall-clock: continuations of prompt k share the batch with the roots of prompt
-k+1 instead of running as a half-empty lock-step batch as long as their earliest branch.
+(prefilled once, then copied into G slots), branch continuations of earlier results (their cache
+rows copied from the result, no prefix recomputation), and follow-up turns after a finished result
+(its cache rows copied, only the new turn computed: ``submit_extend``). A host-side scheduler runs
+between chunks of ``chunk_steps`` decode steps: it harvests finished rows, completes requests whose
+rows are all done, and refills free slots from the queue (branches and follow-ups first, so that
+trees finish and free their caches early; then prompts in submission order). This turns the tokens
+an HDL tree saves into saved wall-clock: continuations of prompt k share the batch with the roots of
+prompt k+1 instead of running as a half-empty lock-step batch as long as their earliest branch.
 
 Compiles: one decode chunk per (slots, max_len, params), one prefill per (prompt batch bucket,
 prompt length bucket), one extension per (rows bucket, turn length bucket), one row move per
