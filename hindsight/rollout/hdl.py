@@ -1,4 +1,4 @@
-"""HDL trees (spec §2), several prompts at once through continuous-batching engines.
+"""HDL trees (spec §2), several prompts at once through one continuous-batching engine.
 
 Per prompt: ``num_roots`` roots (one request, kept with their caches) -> verify -> one reflection
 per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score

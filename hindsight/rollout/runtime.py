@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from hindsight.sampling import SamplingParams
-from hindsight.sampling.buckets import CACHE_LEN_MULTIPLE, cache_len_bucket
+from hindsight.sampling.buckets import cache_len_bucket
 from hindsight.sampling.engine import Engine
 from hindsight.tasks import Example
 
@@ -36,8 +36,7 @@ def make_engine(model, params: SamplingParams, *, longest_prompt: int, max_new_t
     """An engine whose cache fits ``longest_prompt + max_new_tokens`` (and ``min_len`` tokens: e.g.
     a follow-up turn after a whole response); ``slots`` defaults to ``min(rows, 64)`` (the whole
     first wave when it fits)."""
-    max_len = max(cache_len_bucket(longest_prompt, max_new_tokens),
-                  -(-int(min_len) // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE)
+    max_len = cache_len_bucket(longest_prompt, max_new_tokens, min_len=min_len)
     return Engine(model, params, slots=slots or min(rows, 64), max_len=max_len,
                   chunk_steps=chunk_steps, name=name)
 
@@ -80,9 +79,9 @@ class PhaseClock:
     Host work done in engine callbacks (verification, hindsight scoring) is timed directly. An
     engine's decode time (its steps, plus untimed callback work) is shared by the phases whose
     tokens it generated, in proportion to their tokens (a decode step costs the same for every
-    active slot); tokens counted in a callback belong to the engine whose result it handles. So a
-    side engine's costlier steps (longer prompts to prefill, a longer cache, part-empty batches)
-    are charged to its own phase, not spread over the main engine's.
+    active slot); tokens counted in a callback belong to the engine whose result it handles. So
+    when several engines run (e.g. one with a longer cache for some phase), each one's steps are
+    charged to its own phases, not spread over the others'.
     """
 
     def __init__(self):

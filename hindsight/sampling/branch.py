@@ -24,17 +24,13 @@ def branch_requests(rollouts: Rollouts, rows, positions, counts=1):
     Returns ``(src_rows [N], positions [N])`` int32. Raises ValueError on a row outside
     ``[0, B)``, a position outside ``[0, length)`` of its row, or a count < 1.
     """
-    rows = np.atleast_1d(np.asarray(rows))
+    rows = inputs.row_indices("rows", rows, rollouts.num_rows)
     positions = np.atleast_1d(np.asarray(positions))
-    if rows.ndim != 1 or rows.shape != positions.shape:
+    if rows.shape != positions.shape:
         raise ValueError(f"`rows` and `positions` must be 1-D of equal length, got {rows.shape} and {positions.shape}")
-    if not (np.issubdtype(rows.dtype, np.integer) and np.issubdtype(positions.dtype, np.integer)):
-        raise TypeError("`rows` and `positions` must be integers")
+    if not np.issubdtype(positions.dtype, np.integer):
+        raise TypeError("`positions` must be integers")
     counts = inputs.per_row_ints("counts", counts, rows.size, minimum=1)
-    b = rollouts.num_rows
-    bad = np.nonzero((rows < 0) | (rows >= b))[0]
-    if bad.size:
-        raise ValueError(f"branch row {rows[bad[0]]} is outside the {b} rollout rows")
     lengths = rollouts.lengths[rows]
     bad = np.nonzero((positions < 0) | (positions >= lengths))[0]
     if bad.size:

@@ -10,7 +10,8 @@ Every jitted sampling function is keyed by these rounded shapes (plus the static
   prefill and teacher-forced scoring are compute-bound, and cost per padded position. Prompts are
   right-padded; the pad tokens' K/V land in slots a real token later overwrites before any query
   reads them (the cache contract: queries read only ``slot <= position``).
-* cache length (``max_len``): ``prompt bucket + max new tokens`` rounded up to a multiple of
+* cache length (``max_len``): ``prompt bucket + max new tokens`` (or a longer sequence a caller
+  needs room for, e.g. a follow-up turn after a whole response) rounded up to a multiple of
   ``CACHE_LEN_MULTIPLE`` (64).
 * response length in scoring: next power of two, at least 16.
 * rows moved between caches (engine refills): next power of two.
@@ -39,8 +40,8 @@ def prompt_bucket(length: int) -> int:
     return -(-int(length) // LONG_PROMPT_MULTIPLE) * LONG_PROMPT_MULTIPLE
 
 
-def cache_len_bucket(prompt_len: int, max_new_tokens: int) -> int:
+def cache_len_bucket(prompt_len: int, max_new_tokens: int, *, min_len: int = 0) -> int:
     """Cache length for prompts up to ``prompt_len`` tokens (already bucketed or not) followed by
-    ``max_new_tokens`` generated ones."""
-    need = prompt_bucket(prompt_len) + int(max_new_tokens)
+    ``max_new_tokens`` generated ones, and for sequences of ``min_len`` tokens."""
+    need = max(prompt_bucket(prompt_len) + int(max_new_tokens), int(min_len))
     return -(-need // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE

@@ -170,19 +170,13 @@ class Engine:
             raise ValueError(f"rollouts have cache length {rollouts.state.tokens.shape[1]}, engine {self.max_len}")
         if rollouts.state.cache is None:
             raise ValueError("these rollouts carry no cache: submit them with keep_cache=True to extend them")
-        src = np.atleast_1d(np.asarray(rows))
-        if src.ndim != 1 or not np.issubdtype(src.dtype, np.integer):
-            raise ValueError(f"`rows` must be a 1-D int array, got {src!r}")
-        bad = np.nonzero((src < 0) | (src >= rollouts.num_rows))[0]
-        if bad.size:
-            raise ValueError(f"extended row {src[bad[0]]} is outside the {rollouts.num_rows} rollout rows")
+        src = inputs.row_indices("rows", rows, rollouts.num_rows)
         suffix = inputs.token_lists("suffixes", suffixes, vocab_size=self.vocab)
         n = src.size
         if len(suffix) != n:
             raise ValueError(f"{n} rows but {len(suffix)} suffixes")
         max_new = inputs.per_row_ints("max_new_tokens", self.params.max_new_tokens if max_new_tokens is None
                                       else max_new_tokens, n, minimum=1)
-        src = src.astype(np.int32)
         length = rollouts.prompt_lengths[src] + rollouts.lengths[src]  # the sequence so far
         plen = (length + np.array([s.size for s in suffix])).astype(np.int32)
         over = np.nonzero(plen + max_new > self.max_len)[0]

@@ -42,6 +42,20 @@ def pad_rows(seqs: Sequence[np.ndarray], *, rows: int, width: int) -> np.ndarray
     return out
 
 
+def row_indices(name: str, rows, num_rows: int) -> np.ndarray:
+    """``rows`` (an int or a 1-D int sequence) as ``[N]`` int32 indices into ``num_rows`` rows.
+    Raises TypeError on non-integers, ValueError on another shape or a row outside the range."""
+    a = np.atleast_1d(np.asarray(rows))
+    if a.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise TypeError(f"`{name}` must be integers, got dtype {a.dtype}")
+    bad = np.nonzero((a < 0) | (a >= num_rows))[0]
+    if bad.size:
+        raise ValueError(f"`{name}` entry {a[bad[0]]} is outside the {num_rows} rollout rows")
+    return a.astype(np.int32)
+
+
 def per_row_ints(name: str, value, rows: int, *, minimum: int) -> np.ndarray:
     """Broadcast an int or a ``[rows]`` sequence to ``[rows]`` int32, each ``>= minimum``."""
     a = np.broadcast_to(np.asarray(value), (rows,)) if np.ndim(value) == 0 else np.asarray(value)

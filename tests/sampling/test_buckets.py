@@ -11,4 +11,6 @@ def test_prompt_buckets():
 def test_cache_and_batch_buckets():
     assert cache_len_bucket(70, 128) == 256  # prompt bucket 128 + 128 new
     assert cache_len_bucket(130, 16) == 192  # 160 + 16 -> next multiple of 64
+    assert cache_len_bucket(70, 128, min_len=251) == 256  # room past the cap (HDL's reflection turn)
+    assert cache_len_bucket(70, 128, min_len=260) == 320
     assert [pow2_bucket(n) for n in (0, 1, 3, 8, 9)] == [1, 1, 4, 8, 16]

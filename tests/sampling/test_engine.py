@@ -86,6 +86,8 @@ def test_extension_samples_what_a_prompt_of_the_whole_conversation_samples(tiny)
         engine.submit_extend(first, [0], [list(range(1, 60))])
     with pytest.raises(ValueError, match="outside the 3 rollout rows"):
         engine.submit_extend(first, [3], [[1]])
+    with pytest.raises(TypeError, match="integers"):
+        engine.submit_extend(first, [0.5], [[1]])
     with pytest.raises(ValueError, match="2 rows but 1 suffixes"):
         engine.submit_extend(first, [0, 1], [[1]])
     with pytest.raises(ValueError, match="keep_cache"):
