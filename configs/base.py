@@ -12,7 +12,8 @@ Variants (the part after ``:``):
     task with step-by-step explanations (temperature 0.7, min-p 0.2), the documented longer run
     (16 steps of 2 prompts, held-out greedy reward on 32 test items every 4 steps).
   * ``demo``: what ``make demo`` runs per method: a few steps, minutes on 2 CPU cores.
-  * ``tiny``: the 2-layer random ``tiny-random`` model, seconds per step (tests, smoke runs).
+  * ``tiny``: the 2-layer random ``tiny-random`` model on ``even_length`` (which it solves about
+    half the time, so every method gets a gradient), seconds per step (tests, smoke runs).
 """
 from __future__ import annotations
 
@@ -56,13 +57,23 @@ def _as_config(obj) -> ml_collections.ConfigDict:
 
 
 def experiment(method: str) -> ml_collections.ConfigDict:
-    """Every key with its default for ``method``; the method's loss temperature becomes the
-    rollout temperature (they must agree, so it is set in one place)."""
+    """Every key with its default for ``method``.
+
+    The options that follow the rollout section (:meth:`hindsight.methods.Method.derived_options`:
+    the loss temperature, CRAFT's group size, DAPO's overlong window, Dr.GRPO's normaliser) are
+    typed placeholders (None): they are derived after the command line is applied, and a value set
+    on the command line wins. The method's spec temperature becomes the rollout's default (the
+    two must agree, so it is set in one place)."""
     m = get_method(method)
     config = _as_config(ExperimentConfig(method=method))
-    options = _as_config(m.config).to_dict()
-    config.rollout.temperature = options.pop("temperature")
-    config.method_config = ml_collections.ConfigDict(options)
+    options = _as_config(m.config)
+    if "temperature" in m.option_names():
+        config.rollout.temperature = m.config.temperature
+    hints = typing.get_type_hints(type(m.config))
+    for name in m.derived_options(ExperimentConfig().rollout):
+        kind = _optional_type(hints[name]) or hints[name]
+        options[name] = config_dict.placeholder(kind)
+    config.method_config = options
     return config
 
 
@@ -85,8 +96,9 @@ def apply_variant(config: ml_collections.ConfigDict,
     variant = variant or DEFAULT_VARIANT
     hdl = get_method(config.method).rollout == "hdl_tree"
     if variant == "tiny":
+        # The random model solves even_length about half the time: mixed rewards, a gradient.
         config.model.name = "tiny-random"
-        config.task.name = "reverse"
+        config.task.name = "even_length"
         config.rollout.update(prompts_per_step=2, max_new_tokens=24, slots=16,
                               reflection_max_tokens=16, hindsight_reflection_tokens=16)
         if not hdl:

@@ -6,6 +6,4 @@ from configs import base
 
 
 def get_config(variant: str | None = None):
-    config = base.method_file("drgrpo", variant)
-    config.method_config.max_response_length = config.rollout.max_new_tokens
-    return config
+    return base.method_file("drgrpo", variant)

@@ -67,12 +67,12 @@ def _count_compile(event: str, seconds: float, **_) -> None:
         _COMPILE["seconds"] += seconds
 
 
-def _arm(method, model, tok, task, examples, *, key, params, rollout, config):
+def _arm(method, model, tok, task, examples, *, key, params, rollout):
     from hindsight.rollout import collect
 
     start, cpu, compiled = time.perf_counter(), time.process_time(), _COMPILE["seconds"]
     batch, stats = collect(method, model, tok, task, examples, key=key, sampling=params,
-                           rollout=rollout, config=config)
+                           rollout=rollout)
     return (batch, stats, time.perf_counter() - start, time.process_time() - cpu,
             _COMPILE["seconds"] - compiled)
 
@@ -124,7 +124,7 @@ def main(argv=None) -> dict:
     import jax
     import jax.monitoring
 
-    from hindsight.methods import get_method
+    from hindsight.methods import RolloutShape, get_method
     from hindsight.models import load
     from hindsight.rollout import RolloutConfig, TreeOptions
     from hindsight.sampling import SamplingParams
@@ -136,9 +136,10 @@ def main(argv=None) -> dict:
     refl = tree.reflection_cap(max_new)
     hdl_overrides = {} if args.min_prefix_fraction is None else {
         "min_prefix_fraction": args.min_prefix_fraction}
-    configs = {"grpo": get_method("grpo").make_config(temperature=args.temperature),
-               "hdl": get_method("hdl").make_config(temperature=args.temperature,
-                                                    **hdl_overrides)}
+    shape = lambda g: RolloutShape(group_size=g, max_new_tokens=max_new,
+                                   temperature=args.temperature)
+    methods = {"grpo": get_method("grpo").configure(rollout=shape(16)),
+               "hdl": get_method("hdl").configure(hdl_overrides, rollout=shape(None))}
     _log(f"P={p} max_new={max_new} reflection={refl} slots={slots} load={load_start}")
     model, tok = load("smollm2-135m-instruct")
     task = get_task(args.task, style=args.style)
@@ -147,18 +148,18 @@ def main(argv=None) -> dict:
     params = SamplingParams(temperature=args.temperature, min_p=args.min_p,
                             max_new_tokens=max_new)
     chunk = {} if args.chunk_steps is None else {"chunk_steps": args.chunk_steps}
-    arms = {"grpo": RolloutConfig(group_size=16, slots=slots, **chunk),
-            "hdl": RolloutConfig(group_size=None, slots=slots, tree=tree, **chunk)}
+    arms = {"grpo": RolloutConfig(slots=slots, **chunk),
+            "hdl": RolloutConfig(slots=slots, tree=tree, **chunk)}
     for name, cfg in arms.items():
         _log(f"warm-up {name}")
-        _arm(name, model, tok, task, warm, key=jax.random.key(args.seed + 100), params=params,
-             rollout=cfg, config=configs[name])
+        _arm(methods[name], model, tok, task, warm, key=jax.random.key(args.seed + 100),
+             params=params, rollout=cfg)
     out, rollout_seconds = {}, {name: [] for name in arms}
     for rep in range(args.reps):
         for name, cfg in arms.items():
             _log(f"timed {name} ({rep + 1}/{args.reps})")
-            out[name] = _arm(name, model, tok, task, examples, key=jax.random.key(args.seed),
-                             params=params, rollout=cfg, config=configs[name])
+            out[name] = _arm(methods[name], model, tok, task, examples,
+                             key=jax.random.key(args.seed), params=params, rollout=cfg)
             rollout_seconds[name].append(out[name][1].seconds["total"])
             _log(f"{name}: {sum(out[name][1].generated_tokens)} tokens, "
                  f"{rollout_seconds[name][-1]:.1f} s rollout")
@@ -178,12 +179,12 @@ def main(argv=None) -> dict:
                      "max_new_tokens": max_new},
         "reflection_max_tokens": refl, "slots": slots,
         "chunk_steps": arms["grpo"].chunk_steps,
-        "min_prefix_fraction": configs["hdl"].min_prefix_fraction,
+        "min_prefix_fraction": methods["hdl"].config.min_prefix_fraction,
         "response_len_mean_grpo": round(grpo.response_length_mean, 1),
         "grpo_tokens_per_group": round(g_tok, 1), "hdl_tokens_per_group": round(h_tok, 1),
         "hdl_reflection_tokens_per_group": round(per(hdl.reflection_tokens), 1),
         "hdl_phase_tokens": hdl.phase_tokens,
-        "hdl_tree": _tree_shape(hdl_batch, hdl, configs["hdl"].counts),
+        "hdl_tree": _tree_shape(hdl_batch, hdl, methods["hdl"].config.counts),
         "repetitions": args.reps,
         "rollout_seconds_per_repetition": {k: [round(x, 2) for x in v]
                                            for k, v in rollout_seconds.items()},

@@ -2,17 +2,19 @@
 
     method = hindsight.methods.get_method("pcsd")
     config = method.make_config(lam=0.02)
-    total, count, metrics = method.loss_fn(model, batch, config=config, reference=ref)
+    loss = method.loss_fn(model, batch, config=config, reference=ref)
+    loss.terms   # {"policy": Term(sum, count, weight), "distill": Term(...)}
+    loss.value() # sum_k weight_k * sum_k / count_k
 
 Each :class:`Method` carries its ``loss_fn`` (signature in :mod:`hindsight.methods.method`), its
 default config (spec defaults), the batch ``contexts`` and ``fields`` it reads, the ``rollout``
-shape it trains on, and, for stateful methods, ``init_state`` / ``update_state``. The batch layout
-is in :mod:`hindsight.methods.batch`.
+shape it trains on, and, for stateful methods, ``init_state`` / ``update_state``;
+:meth:`Method.configure` resolves it for one experiment. The batch layout is in
+:mod:`hindsight.batch`.
 """
 from hindsight.methods import craft, dapo, demopsd, drgrpo, grpo, hdl, opsd, opsd_pmi, pcsd
-from hindsight.methods.batch import CONTEXT_NAMES, build_batch, check_batch, context_key
-from hindsight.methods.forward import context_hidden, vocab_rows
-from hindsight.methods.method import ROLLOUTS, TEACHERS, LossConfig, Method
+from hindsight.methods.forward import LMHead, Side, context_hidden, vocab_rows
+from hindsight.methods.method import ROLLOUTS, TEACHERS, LossConfig, Method, RolloutShape
 
 REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD for m in (
     grpo, dapo, drgrpo, hdl, pcsd, craft, opsd, opsd_pmi, demopsd)}
@@ -26,6 +28,5 @@ def get_method(name: str) -> Method:
         raise KeyError(f"unknown method {name!r}; registered methods: {sorted(REGISTRY)}") from None
 
 
-__all__ = ["CONTEXT_NAMES", "REGISTRY", "ROLLOUTS", "TEACHERS", "LossConfig", "Method",
-           "build_batch", "check_batch", "context_hidden", "context_key", "get_method",
-           "vocab_rows"]
+__all__ = ["REGISTRY", "ROLLOUTS", "TEACHERS", "LMHead", "LossConfig", "Method", "RolloutShape",
+           "Side", "context_hidden", "get_method", "vocab_rows"]

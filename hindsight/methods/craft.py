@@ -11,11 +11,13 @@ weights ``lambda_0 = 0.01``, ``mu_0 = 0.001``:
    leave-one-out advantage change, centred asymmetric sigmoid); ``L_cti = -token_mean(c D logp_S)``.
 2. ``controller``: ``(lambda, mu)`` follow an EMA of the credit activity (``method_state``, a
    :class:`hindsight.signals.ControllerState`, updated once per optimizer step by
-   :func:`update_state` from the ``credit_activity`` metric).
+   :func:`update_state` once per rollout, from the ``credit_activity`` metric averaged over the
+   rollout's optimizer steps).
 3. ``polarise``: the KL to the reference is mode-seeking (reverse k3) where ``c > theta_KL`` and
    mode-covering (forward estimator) where ``c < -theta_KL``.
 
-``L = L_GRPO + lambda * L_distill + mu * token_mean(KL)``. Switches are static flags that swap in
+``L = L_GRPO + lambda * L_distill + mu * token_mean(KL)``: three named terms, ``policy``,
+``distill`` (weight ``lambda``) and ``kl`` (weight ``mu``), each a token mean. Switches are static flags that swap in
 the baseline term (never a multiplication by 0), so all three off reproduces the baseline bit for
 bit. All formulas and defaults beyond the pillar structure are OUR CHOICE (spec §4).
 """
@@ -27,11 +29,11 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float, shape_of
-from hindsight.methods.batch import check_batch
+from hindsight.batch import check_batch
 from hindsight.methods.method import (TEACHERS, Method, require_reference,
                                       resolve_config, teacher_hidden)
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
-from hindsight.objectives import aggregate
+from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.objectives import Loss, Term, aggregate
 from hindsight.signals import (ControllerState, controller_init, controller_update,
                                counterfactual_credit_from_gap, craft_loss_terms)
 
@@ -46,7 +48,8 @@ class CRAFTConfig(SurrogateConfig):
     """CRAFT options (spec §4 defaults, OUR CHOICE) on top of GRPO's surrogate.
 
     Attributes:
-      group_size: ``G``, rows per prompt (contiguous); the credit compares siblings (8, SDPO's).
+      group_size: ``G``, rows per prompt (contiguous); the credit compares siblings (8, SDPO's;
+        in an experiment it follows ``rollout.group_size``).
       teacher: ``"self"`` (same params, stop-gradient) or ``"reference"``.
       cti, controller, polarise: the pillar switches (static).
       beta_gate: sharpness of the baseline SDAR gate (5).
@@ -124,15 +127,21 @@ def update_state(state: ControllerState, metrics: dict, config: CRAFTConfig) -> 
                              mu_0=config.mu_0, k_up=config.k_up, k_down=config.k_down)
 
 
-def loss_fn(model, batch, *, config: CRAFTConfig | None = None, reference=None,
-            method_state: ControllerState | None = None):
-    """CRAFT loss ``(sum, count, metrics)`` (token-mean; needs ``reference`` for the KL term).
+def derive(rollout) -> dict:
+    """The sibling credit compares the rows of one sampled group: ``group_size`` follows the
+    rollout's."""
+    return {"group_size": rollout.group_size}
 
-    Metrics: GRPO's (:func:`hindsight.methods.grpo.loss_fn`, ``kl`` being the plain k3) plus
-    ``distill`` (``L_distill``: CTI or the baseline gated term), ``ref_kl`` (the, possibly
-    polarised, KL term), ``lambda``, ``mu``, ``teacher_gap`` and, when the credit is computed,
-    ``credit_mean``, ``credit_abs`` and ``credit_activity`` (fraction ``|c| > theta_kl``, the
-    controller's input).
+
+def loss_fn(model, batch, *, config: CRAFTConfig | None = None, head=None, reference=None,
+            method_state: ControllerState | None = None) -> Loss:
+    """CRAFT loss (needs ``reference`` for the KL term): terms ``policy``, ``distill``
+    (``L_distill``: CTI or the baseline gated term; weight ``lambda``) and ``kl`` (the, possibly
+    polarised, KL to the reference; weight ``mu``), all token means.
+
+    Metrics: GRPO's (:func:`hindsight.methods.grpo.loss_fn`, ``kl`` being the plain k3),
+    ``teacher_gap`` and, when the credit is computed, ``credit_mean``, ``credit_abs`` and
+    ``credit_activity`` (fraction ``|c| > theta_kl``, the controller's input).
     """
     config = resolve_config(NAME, config, CRAFTConfig())
     require_reference(NAME, reference, "the KL term to the reference policy")
@@ -147,32 +156,29 @@ def loss_fn(model, batch, *, config: CRAFTConfig | None = None, reference=None,
         raise ValueError(f"method {NAME!r}: group_size={config.group_size} does not divide the "
                          f"batch size B={b}")
     teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
-    rows = policy_rows(model, batch, config, reference=reference, teacher=teacher)
-    total, count, metrics = surrogate_loss(rows, batch, config)
+    rows = policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher)
+    terms, metrics = surrogate_terms(rows, batch, config)
     mask, advantages = batch["mask"], batch["advantages"]
     gap = jax.lax.stop_gradient(rows["teacher_logp"] - rows["logp"])
-    aux, _, terms = craft_loss_terms(
+    _, count, parts = craft_loss_terms(
         rows["logp"], rows["ref_logp"], gap, mask, advantages, config.group_size, method_state,
         cti=config.cti, controller=config.controller, polarise=config.polarise,
         beta_gate=config.beta_gate, lambda_0=config.lambda_0, mu_0=config.mu_0,
         theta_kl=config.theta_kl, neg_mode=config.neg_mode, neutral=config.neutral,
         kl_clip=config.kl_clip, **config.credit_options())
-    sg = jax.lax.stop_gradient
-    metrics["distill"] = (sg(terms["distill_sum"]), count)
-    metrics["ref_kl"] = (sg(terms["kl_sum"]), count)
-    # Weights as count-weighted pairs, so that adding micro-batch pairs keeps their value.
-    metrics["lambda"] = (terms["lambda"] * count, count)
-    metrics["mu"] = (terms["mu"] * count, count)
+    terms["distill"] = Term(sum=parts["distill_sum"], count=count, weight=parts["lambda"])
+    terms["kl"] = Term(sum=parts["kl_sum"], count=count, weight=parts["mu"])
     metrics["teacher_gap"] = aggregate(gap, mask)
-    if "active_sum" in terms:
+    if "active_sum" in parts:
         credit = counterfactual_credit_from_gap(gap, mask, advantages, config.group_size,
                                                 **config.credit_options())
-        metrics["credit_activity"] = (terms["active_sum"], count)
+        metrics["credit_activity"] = (parts["active_sum"], count)
         metrics["credit_mean"] = aggregate(credit, mask)
         metrics["credit_abs"] = aggregate(jnp.abs(credit), mask)
-    return total + aux, count, metrics
+    return Loss(terms, metrics)
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=CRAFTConfig(), contexts=CONTEXTS,
                 rollout=ROLLOUT, fields=FIELDS, init_state=init_state, update_state=update_state,
+                couples_rows=True, derive=derive,
                 paper="CRAFT (arXiv 2606.29476); formulas spec §4 (OUR CHOICE)")

@@ -7,8 +7,10 @@ Loss: the clipped surrogate with clip-higher (``eps_low = 0.2``, ``eps_high = 0.
 clip 3, ``token-mean`` over all tokens of the batch, no KL term. The other two DAPO ingredients act
 on the data, so the rollout layer applies them with the settings held here:
 :func:`keep_groups` (dynamic sampling: drop groups whose rewards are all equal, keep sampling up to
-``max_num_gen_batches`` batches) and :func:`shaped_rewards` (overlong shaping,
-``L_max = 20480``, ``L_buf = 4096``, factor 1).
+``max_num_gen_batches`` batches) and :func:`shaped_rewards` (overlong shaping, verl's
+``overlong_buffer``: ``L_max = 20480``, ``L_buf = 4096``, factor 1). In an experiment ``L_max``
+follows the rollout's response cap ``rollout.max_new_tokens`` and ``L_buf`` is a fifth of it (the
+spec's ratio 4096 / 20480), unless set (:func:`derive`).
 """
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_group_size, check_rank, check_static_float, shape_of
-from hindsight.methods.batch import check_batch
+from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
-from hindsight.objectives import overlong_penalty
+from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.objectives import Loss, overlong_penalty
 
 NAME = "dapo"
 CONTEXTS = ()
@@ -37,14 +39,16 @@ class DAPOConfig(SurrogateConfig):
       eps_high: clip-higher, 0.28.
       max_num_gen_batches: dynamic sampling gives up after this many generation batches (<= 0:
         unlimited); verl's example config uses 10.
+      overlong: overlong shaping on (verl ``overlong_buffer.enable``).
       max_response_length: ``L_max`` in tokens, the rollout's response cap.
-      overlong_buffer: ``L_buf`` in tokens; None turns overlong shaping off.
-      overlong_factor: penalty at ``L_max``.
+      overlong_buffer: ``L_buf`` in tokens (verl ``overlong_buffer.len``).
+      overlong_factor: penalty at ``L_max`` (verl ``overlong_buffer.penalty_factor``).
     """
     eps_high: float = 0.28
     max_num_gen_batches: int = 10
+    overlong: bool = True
     max_response_length: int = 20480
-    overlong_buffer: int | None = 4096
+    overlong_buffer: int = 4096
     overlong_factor: float = 1.0
 
     def __post_init__(self):
@@ -55,16 +59,18 @@ class DAPOConfig(SurrogateConfig):
         if not isinstance(self.max_response_length, int) or self.max_response_length < 1:
             raise ValueError(f"`max_response_length` must be a positive int, got "
                              f"{self.max_response_length!r}")
-        if self.overlong_buffer is not None and not (
+        if not isinstance(self.overlong, bool):
+            raise ValueError(f"`overlong` must be a bool, got {self.overlong!r}")
+        if isinstance(self.overlong_buffer, bool) or not (
                 isinstance(self.overlong_buffer, int)
                 and 0 < self.overlong_buffer <= self.max_response_length):
-            raise ValueError(f"`overlong_buffer` must be None or an int in (0, max_response_length="
+            raise ValueError(f"`overlong_buffer` must be an int in (0, max_response_length="
                              f"{self.max_response_length}], got {self.overlong_buffer!r}")
         check_static_float("overlong_factor", self.overlong_factor, low=0.0)
 
 
 def shaped_rewards(rewards: jax.Array, lengths: jax.Array, config: DAPOConfig) -> jax.Array:
-    """Verifier rewards plus DAPO's overlong penalty (unchanged when ``overlong_buffer`` is None).
+    """Verifier rewards plus DAPO's overlong penalty (unchanged when ``overlong`` is off).
 
     Args:
       rewards: ``[B]`` verifier rewards. lengths: ``[B]`` response lengths in tokens.
@@ -77,7 +83,7 @@ def shaped_rewards(rewards: jax.Array, lengths: jax.Array, config: DAPOConfig) -
         raise ValueError(f"`lengths` has shape {shape_of(lengths)}, expected "
                          f"{shape_of(rewards)} to match `rewards`")
     rewards = jnp.asarray(rewards).astype(jnp.float32)
-    if config.overlong_buffer is None:
+    if not config.overlong:
         return rewards
     return rewards + overlong_penalty(lengths, max_length=config.max_response_length,
                                       buffer=config.overlong_buffer, factor=config.overlong_factor)
@@ -99,18 +105,25 @@ def keep_groups(scores: jax.Array, group_size: int) -> jax.Array:
     return jnp.any(s != s[:, :1], axis=1)
 
 
-def loss_fn(model, batch, *, config: DAPOConfig | None = None, reference=None, method_state=None):
-    """DAPO loss ``(sum, count, metrics)`` (token-mean clipped surrogate, no KL term).
+def loss_fn(model, batch, *, config: DAPOConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """DAPO loss: the ``policy`` term (token-mean clipped surrogate), no KL term.
 
     Metrics as :func:`hindsight.methods.grpo.loss_fn` (``kl`` reported when ``reference`` is given).
     """
     config = resolve_config(NAME, config, DAPOConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    rows = policy_rows(model, batch, config, reference=reference)
-    return surrogate_loss(rows, batch, config)
+    rows = policy_rows(model, batch, config, head=head, reference=reference)
+    return Loss(*surrogate_terms(rows, batch, config))
+
+
+def derive(rollout) -> dict:
+    """``L_max`` = the rollout's response cap, ``L_buf`` = a fifth of it (at least 1 token)."""
+    cap = int(rollout.max_new_tokens)
+    return {"max_response_length": cap, "overlong_buffer": max(1, cap // 5)}
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=DAPOConfig(), contexts=CONTEXTS,
-                rollout=ROLLOUT, fields=FIELDS,
+                rollout=ROLLOUT, fields=FIELDS, derive=derive, shape_rewards=shaped_rewards,
                 paper="Yu et al. 2025, DAPO (arXiv 2503.14476); verl DAPO recipe")

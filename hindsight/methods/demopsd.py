@@ -20,11 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.batch import check_batch
+from hindsight.batch import check_batch
 from hindsight.methods.forward import context_hidden, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_hidden)
-from hindsight.objectives import aggregate
+from hindsight.objectives import Loss, aggregate, term
 from hindsight.objectives.aggregation import as_mask
 from hindsight.objectives.kl_estimators import LOG_RATIO_CLIP
 from hindsight.ops import entropy_from_logprobs, kl_from_logprobs
@@ -66,9 +66,9 @@ class DemoPSDConfig(LossConfig):
         return self.teacher == "reference"
 
 
-def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, reference=None,
-            method_state=None):
-    """DemoPSD loss ``(sum, count, metrics)``: token-mean of ``w * KL(S || q)``.
+def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """DemoPSD loss: the ``distill`` term, token-mean of ``w * KL(S || q)``.
 
     Metrics: ``barycenter_kl`` (unweighted ``KL(S || q)``), ``alpha`` (mean blend), ``entropy``
     (student) and, with ``is_clip``, ``is_weight`` and ``is_clip_frac``.
@@ -87,8 +87,7 @@ def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, reference=None
         return {"kl": kl_from_logprobs(ls, log_q), "alpha": alpha,
                 "entropy": sg(entropy_from_logprobs(ls)), "logp": sg(gather(ls, tokens))}
 
-    rows = vocab_rows(row, sides, batch["targets"], chunk_size=config.chunk_size,
-                      temperature=config.temperature)
+    rows = vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
     mask = batch["mask"]
     metrics = {"barycenter_kl": aggregate(jax.lax.stop_gradient(rows["kl"]), mask),
                "alpha": aggregate(rows["alpha"], mask),
@@ -103,8 +102,7 @@ def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, reference=None
         metrics["is_weight"] = aggregate(weight, mask)
         metrics["is_clip_frac"] = aggregate((ratio > config.is_clip).astype(jnp.float32), mask)
         per_token = weight * per_token
-    total, count = aggregate(per_token, mask)
-    return total, count, metrics
+    return Loss({"distill": term(per_token, mask)}, metrics)
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=DemoPSDConfig(), contexts=CONTEXTS,

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from hindsight.methods.batch import check_batch
+from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
+from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.objectives import Loss
 
 NAME = "drgrpo"
 CONTEXTS = ()
@@ -27,8 +28,8 @@ class DrGRPOConfig(SurrogateConfig):
 
     Attributes:
       advantage_scale: ``"none"`` (the rollout layer's advantages are not std-scaled).
-      max_response_length: the constant denominator of each sequence's token sum; None uses the
-        batch's response width ``T`` (the rollout pads responses to its generation cap, so ``T`` is
+      max_response_length: the constant denominator of each sequence's token sum (in an
+        experiment: ``rollout.max_new_tokens``); None uses the batch's response width ``T`` (the rollout pads responses to its generation cap, so ``T`` is
         the maximum response length and is the same for every micro-batch).
     """
     advantage_scale: str = "none"
@@ -41,21 +42,28 @@ class DrGRPOConfig(SurrogateConfig):
             raise ValueError(f"`max_response_length` must be a positive int or None, got {n!r}")
 
 
-def loss_fn(model, batch, *, config: DrGRPOConfig | None = None, reference=None,
-            method_state=None):
-    """Dr.GRPO loss ``(sum, count, metrics)``: ``count`` is the number of non-empty sequences.
+def loss_fn(model, batch, *, config: DrGRPOConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """Dr.GRPO loss: the ``policy`` term in ``seq-mean-token-sum-norm`` (its count is the number
+    of non-empty sequences, its sums are divided by ``max_response_length``).
 
-    Metrics as :func:`hindsight.methods.grpo.loss_fn`; ``pg_loss`` and ``kl`` use the same
-    aggregation as the loss, ``entropy`` and the clip statistics are token means.
+    Metrics as :func:`hindsight.methods.grpo.loss_fn`; ``kl`` uses the same aggregation as the
+    policy term, ``entropy`` and the clip statistics are token means.
     """
     config = resolve_config(NAME, config, DrGRPOConfig())
     require_no_state(NAME, method_state)
     _, length = check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     norm = config.max_response_length or length
-    rows = policy_rows(model, batch, config, reference=reference)
-    return surrogate_loss(rows, batch, config, mode="seq-mean-token-sum-norm", norm=float(norm))
+    rows = policy_rows(model, batch, config, head=head, reference=reference)
+    return Loss(*surrogate_terms(rows, batch, config, mode="seq-mean-token-sum-norm",
+                                 norm=float(norm)))
+
+
+def derive(rollout) -> dict:
+    """The normaliser is the rollout's response cap."""
+    return {"max_response_length": int(rollout.max_new_tokens)}
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=DrGRPOConfig(), contexts=CONTEXTS,
-                rollout=ROLLOUT, fields=FIELDS,
+                rollout=ROLLOUT, fields=FIELDS, derive=derive,
                 paper="Liu et al. 2025, Understanding R1-Zero-Like Training (arXiv 2503.20783)")

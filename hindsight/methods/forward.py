@@ -1,24 +1,67 @@
-"""Model passes over a batch context and the chunked LM head every method loss goes through.
+"""Model passes over a batch context and the LM head every method loss goes through.
 
 :func:`context_hidden` runs a decoder on one context of the batch and gathers the hidden states
 that predict the response tokens (``[B, T, D]``), with the model's unembedding ``[D, V]``.
-:func:`vocab_rows` projects several such sides chunk by chunk (:func:`hindsight.ops.chunked_map`)
-and applies a per-position function to their log-softmaxes, so float32 ``[B, T, V]`` logits never
-exist, in the forward or the backward pass.
+:func:`vocab_rows` projects several such sides through the :class:`LMHead` (backend, block size,
+vocabulary mask) and applies a per-position function to their log-softmaxes; with the ``scan``
+and ``fused`` backends float32 ``[B, T, V]`` logits never exist, in the forward or the backward
+pass. :func:`distill_term` is the token-mean term of a per-position divergence.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from hindsight.methods.batch import context_key
-from hindsight.objectives import aggregate
+from hindsight._validation import check_choice
+from hindsight.batch import context_key
+from hindsight.objectives import aggregate, term
 from hindsight.ops import chunked_map
 
-Side = tuple[jax.Array, jax.Array]
-"""``(hidden [B, T, D], unembed [D, V])``: one model on one context, at the response positions."""
+LM_HEAD_BACKENDS = ("scan",)  # TEMPORARY until ops grows the backends
+
+
+def lm_head_map(row, hiddens, unembeds, extras, *, backend, chunk_size, vocab_mask, temperature,
+                frozen):
+    return chunked_map(row, hiddens, unembeds, extras, chunk_size=chunk_size,
+                       vocab_mask=vocab_mask, temperature=temperature)
+
+
+class Side(NamedTuple):
+    """One model on one context, at the response positions: ``hidden [B, T, D]``,
+    ``unembed [D, V]``; ``frozen`` sides (teachers, references) get no gradient, and the LM head
+    spends no backward work on them."""
+    hidden: jax.Array
+    unembed: jax.Array
+    frozen: bool = False
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LMHead:
+    """How a loss projects hidden states to the vocabulary (``train.lm_head``).
+
+    Attributes:
+      backend: ``"scan"`` (blocks of rows in a ``lax.scan`` under remat), ``"fused"`` (blocks in a
+        custom-VJP scan that recomputes each block's logits in the backward pass and accumulates
+        the unembedding gradient in float32 tiles) or ``"dense"`` (all logits at once: the
+        reference, for small vocabularies); see :func:`hindsight.ops.lm_head_map`.
+      chunk_size: rows per block (None: the backend's default for the vocabulary size).
+      vocab_mask: optional ``[V]`` bool, True for real vocabulary entries; padded rows of the
+        unembedding (the Qwen family pads 151,665 tokens to 151,936) then take no probability.
+    """
+    backend: str = dataclasses.field(default="scan", metadata=dict(static=True))
+    chunk_size: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    vocab_mask: jax.Array | None = None
+
+    def __post_init__(self):
+        check_choice("backend", self.backend, LM_HEAD_BACKENDS)
+        c = self.chunk_size
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ValueError(f"`chunk_size` must be a positive int or None, got {c!r}")
 
 
 def context_hidden(model, batch: Mapping, context: str | None = None, *,
@@ -28,15 +71,15 @@ def context_hidden(model, batch: Mapping, context: str | None = None, *,
     Args:
       model: a decoder, ``model(tokens, positions, *, attention_mask, return_hidden)`` returning
         ``(out, cache)``, with ``model.unembedding() -> [D, V]``.
-      batch: the batch dict (:mod:`hindsight.methods.batch`).
+      batch: the batch dict (:mod:`hindsight.batch`).
       context: None for the policy context (``tokens``, ...), else a context name (``"teacher"``
         reads ``teacher_tokens``, ``teacher_positions``, ``teacher_attention_mask``,
         ``teacher_target_index``).
       frozen: wrap both outputs in ``stop_gradient`` (teachers, references): no gradient flows and
         the pass is never differentiated.
     Returns:
-      ``(hidden [B, T, D], unembed [D, V])``, ``hidden[b, t]`` being the state at
-      ``{context}_target_index[b, t]``.
+      :class:`Side` ``(hidden [B, T, D], unembed [D, V], frozen)``, ``hidden[b, t]`` being the
+      state at ``{context}_target_index[b, t]``.
     """
     key = lambda k: context_key(context, k)
     hidden, _ = model(batch[key("tokens")], batch[key("positions")],
@@ -45,8 +88,8 @@ def context_hidden(model, batch: Mapping, context: str | None = None, *,
     hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
     unembed = model.unembedding()
     if frozen:
-        return jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(unembed)
-    return hidden, unembed
+        return Side(jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(unembed), True)
+    return Side(hidden, unembed, False)
 
 
 def gather(logp: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -55,35 +98,37 @@ def gather(logp: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, *,
-               chunk_size: int | None = None, temperature: float = 1.0) -> dict[str, jax.Array]:
-    """Per-position vocabulary reductions over named sides, chunk by chunk.
+               head: LMHead | None = None, temperature: float = 1.0) -> dict[str, jax.Array]:
+    """Per-position vocabulary reductions over named sides, through the LM head.
 
     Args:
       row_fn: ``row_fn(logp, tokens) -> dict of [C]`` where ``logp`` maps each side's name to
-        its float32 log-softmax ``[C, V]`` (logits divided by ``temperature``) and ``tokens [C]``
-        are the targets of those rows. Rows must be independent. Outputs that are metrics should be
-        ``stop_gradient``'ed inside ``row_fn``.
-      sides: ``{name: (hidden [B, T, D_i], unembed [D_i, V])}``, e.g. from :func:`context_hidden`.
+        its float32 log-softmax ``[C, V]`` (logits divided by ``temperature``, masked vocabulary
+        at a large negative logit) and ``tokens [C]`` are the targets of those rows. Rows must be
+        independent. Outputs that are metrics should be ``stop_gradient``'ed inside ``row_fn``.
+      sides: ``{name: Side}``, e.g. from :func:`context_hidden`.
       targets: ``[B, T]`` int.
-      chunk_size: rows per block (None: :func:`hindsight.ops.default_chunk_size`).
+      head: the :class:`LMHead` (default: ``LMHead()``, the scan backend).
       temperature: divides every side's logits.
     Returns:
       ``row_fn``'s dict with each leaf ``[B, T]``.
     """
+    head = LMHead() if head is None else head
     names = tuple(sides)
 
     def row(logits, extras):
         logp = {n: jax.nn.log_softmax(z) for n, z in zip(names, logits)}
         return row_fn(logp, extras[0])
 
-    return chunked_map(row, [sides[n][0] for n in names], [sides[n][1] for n in names],
-                       (targets,), chunk_size=chunk_size, temperature=temperature)
+    return lm_head_map(row, [sides[n].hidden for n in names], [sides[n].unembed for n in names],
+                       (targets,), backend=head.backend, chunk_size=head.chunk_size,
+                       vocab_mask=head.vocab_mask, temperature=temperature,
+                       frozen=tuple(bool(sides[n].frozen) for n in names))
 
 
-def aggregate_rows(rows: dict, mask, *, loss: str):
-    """``(sum, count, metrics)``: token-mean of ``rows[loss] [B,T]`` is the loss; every other row of
-    per-position values is aggregated over the same mask as a ``(sum, count)`` metric."""
-    total, count = aggregate(rows[loss], mask)
+def distill_term(rows: dict, mask, *, loss: str, weight=1.0):
+    """``(terms, metrics)`` of a distillation-only method: ``rows[loss] [B, T]`` as the token-mean
+    term ``distill``; every other row of per-position values becomes a token-mean metric."""
+    terms = {"distill": term(rows[loss], mask, weight=weight)}
     metrics = {name: aggregate(value, mask) for name, value in rows.items() if name != loss}
-    metrics[loss] = (jax.lax.stop_gradient(total), count)
-    return total, count, metrics
+    return terms, metrics

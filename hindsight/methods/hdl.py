@@ -27,9 +27,10 @@ import math
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice
-from hindsight.methods.batch import check_batch
+from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
+from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.objectives import Loss
 from hindsight.objectives.aggregation import as_mask
 from hindsight.signals import BRANCH_COUNTS
 
@@ -123,8 +124,9 @@ def min_gap(length: int, config: HDLConfig) -> int:
     return max(config.min_gap_floor, math.floor(config.min_gap_fraction * length))
 
 
-def loss_fn(model, batch, *, config: HDLConfig | None = None, reference=None, method_state=None):
-    """HDL loss ``(sum, count, metrics)``: token-mean clipped surrogate over the suffix masks.
+def loss_fn(model, batch, *, config: HDLConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """HDL loss: the ``policy`` term, token-mean clipped surrogate over the suffix masks.
 
     Metrics as :func:`hindsight.methods.grpo.loss_fn`, plus branch statistics read off the loss mask
     (a row whose first loss token is past position 0 is a continuation): ``branch_frac`` (fraction
@@ -133,8 +135,8 @@ def loss_fn(model, batch, *, config: HDLConfig | None = None, reference=None, me
     config = resolve_config(NAME, config, HDLConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    rows = policy_rows(model, batch, config, reference=reference)
-    total, count, metrics = surrogate_loss(rows, batch, config)
+    rows = policy_rows(model, batch, config, head=head, reference=reference)
+    terms, metrics = surrogate_terms(rows, batch, config)
     m = as_mask(batch["mask"])
     nonempty = jnp.any(m, axis=-1)
     first = jnp.argmax(m, axis=-1).astype(jnp.float32)
@@ -143,7 +145,7 @@ def loss_fn(model, batch, *, config: HDLConfig | None = None, reference=None, me
                               jnp.sum(nonempty, dtype=jnp.float32))
     metrics["branch_point"] = (jnp.sum(jnp.where(branch, first, 0.0)),
                                jnp.sum(branch, dtype=jnp.float32))
-    return total, count, metrics
+    return Loss(terms, metrics)
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=HDLConfig(), contexts=CONTEXTS,

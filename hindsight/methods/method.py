@@ -7,12 +7,20 @@ fields it reads besides the policy context and the response), ``loss_fn`` and ``
 
 Loss signature, the same for every method (what :mod:`hindsight.train.step` calls)::
 
-    loss_fn(model, batch, *, config=None, reference=None, method_state=None)
-        -> (sum, count, metrics)
+    loss_fn(model, batch, *, config=None, head=None, reference=None, method_state=None)
+        -> hindsight.objectives.Loss(terms={name: Term(sum, count, weight)}, metrics={...})
 
-``config`` defaults to the method's defaults; ``reference`` is the frozen/EMA reference model;
-``method_state`` is the state of a stateful method (CRAFT's controller) and must be None otherwise.
-``metrics`` maps names to ``(sum, count)`` pairs: add pairs over micro-batches, divide once.
+``config`` defaults to the method's defaults; ``head`` is the :class:`~hindsight.methods.LMHead`
+(backend, block size, vocabulary mask; default the scan backend); ``reference`` is the
+frozen/EMA reference model; ``method_state`` is the state of a stateful method (CRAFT's
+controller) and must be None otherwise. Each term is a ``(sum, count)`` pair with a weight; the
+objective is ``sum_k weight_k * sum_k / count_k`` once pairs are added over micro-batches and
+devices (:mod:`hindsight.objectives.terms`). ``metrics`` maps names to ``(sum, count)`` pairs.
+
+A registry record is configured for one experiment with :meth:`Method.configure`: options given
+explicitly, then the options that follow the rollout (the loss temperature, a group size, a
+response-length normaliser) derived from it, so a command-line override of the rollout reaches
+them.
 """
 from __future__ import annotations
 
@@ -24,6 +32,16 @@ from hindsight._validation import check_static_float
 from hindsight.methods.forward import context_hidden
 
 ROLLOUTS = ("group", "dynamic", "hdl_tree")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutShape:
+    """What a method's derived options follow (an experiment's ``rollout`` section):
+    ``group_size`` (rows per prompt; None for HDL trees, whose size is the method's),
+    ``max_new_tokens`` (the response cap ``T``) and ``temperature`` (the sampling temperature)."""
+    group_size: int | None = None
+    max_new_tokens: int = 64
+    temperature: float = 1.0
 """``group``: G independent samples per prompt; ``dynamic``: DAPO dynamic sampling (groups with
 identical rewards dropped, sampling continues until the batch is full); ``hdl_tree``: HDL's
 2 roots x (1 + 4 + 3) continuations per prompt."""
@@ -35,18 +53,14 @@ class LossConfig:
 
     Attributes:
       temperature: logits are divided by it before every softmax; must equal the rollout's sampling
-        temperature for the policy log-probs to match ``logp_old``.
-      chunk_size: rows per LM-head block (None: :func:`hindsight.ops.default_chunk_size`).
+        temperature for the policy log-probs to match ``logp_old`` (in an experiment it follows
+        ``rollout.temperature``).
     """
     temperature: float = 1.0
-    chunk_size: int | None = None
 
     def __post_init__(self):
         if not check_static_float("temperature", self.temperature) > 0.0:
             raise ValueError(f"`temperature` must be > 0, got {self.temperature}")
-        c = self.chunk_size
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise ValueError(f"`chunk_size` must be a positive int or None, got {c!r}")
 
     @property
     def needs_reference(self) -> bool:
@@ -56,19 +70,27 @@ class LossConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """A registered method.
+    """A registered method, or one configured for an experiment (:meth:`configure`).
 
     Attributes:
       name: registry key.
       loss_fn: see the module doc.
-      config: the default config (spec defaults).
+      config: the config (the registry's: spec defaults; a configured record's: resolved).
       contexts: extra batch contexts the loss reads (``("teacher",)``, ...).
       rollout: one of ``ROLLOUTS``.
       fields: batch fields read besides the policy context and the response.
       paper: where the method comes from.
       init_state: ``init_state(config) -> state`` for a stateful method, else None.
-      update_state: ``update_state(state, metrics, config) -> state``, run once per optimizer step
-        with the step's finalized metrics, else None.
+      update_state: ``update_state(state, metrics, config) -> state``, run once per rollout (after
+        its optimizer steps) with the mean of those steps' finalized metrics, else None.
+      couples_rows: the loss reads other rows of a group (CRAFT's siblings), so every micro-batch
+        must hold whole groups (:func:`hindsight.train.check_layout`).
+      shape_rewards: ``shape_rewards(rewards [B], lengths [B], config) -> [B]``, applied by the
+        rollout layer before the advantages (DAPO's overlong penalty), else None.
+      derive: ``derive(rollout) -> {option: value}`` for the options that follow the rollout
+        section (``group_size``, ``max_new_tokens``, ``temperature``) unless set explicitly; the
+        loss temperature follows ``rollout.temperature`` for every method that has one.
+      group_size: rows per prompt of a configured record (None in the registry).
     """
     name: str
     loss_fn: Callable
@@ -79,23 +101,72 @@ class Method:
     paper: str
     init_state: Callable | None = None
     update_state: Callable | None = None
+    couples_rows: bool = False
+    shape_rewards: Callable | None = None
+    derive: Callable | None = None
+    group_size: int | None = None
 
     def make_config(self, **overrides):
         """The default config with ``overrides`` replaced (validated by the config itself)."""
-        names = {f.name for f in dataclasses.fields(self.config)}
+        names = self.option_names()
         unknown = sorted(set(overrides) - names)
         if unknown:
             raise TypeError(f"method {self.name!r} has no option(s) {unknown}; its options are "
                             f"{sorted(names)}")
         return dataclasses.replace(self.config, **overrides)
 
-    def method_update(self, config=None) -> Callable | None:
-        """``method_update(state, metrics) -> state`` for :func:`hindsight.train.make_train_step`
-        (None for a stateless method)."""
-        if self.update_state is None:
-            return None
-        config = self.config if config is None else config
-        return lambda state, metrics: self.update_state(state, metrics, config)
+    def option_names(self) -> set[str]:
+        return {f.name for f in dataclasses.fields(self.config)}
+
+    def derived_options(self, rollout: RolloutShape) -> dict:
+        """The options that follow ``rollout`` (a :class:`RolloutShape`, or anything with its
+        fields, such as the experiment's rollout section), with their values for it."""
+        out = {}
+        if "temperature" in self.option_names():
+            out["temperature"] = float(rollout.temperature)
+        if self.derive is not None:
+            out.update(self.derive(rollout))
+        return out
+
+    def configure(self, options: dict | None = None, *,
+                  rollout: RolloutShape = RolloutShape()) -> "Method":
+        """This method configured for one experiment: ``options`` (explicit values; a None value
+        of a derived option means "follow the rollout"), then :meth:`derived_options` for the
+        derived options not given; ``group_size`` set from the config (HDL trees) or the rollout.
+
+        Raises:
+          TypeError for an unknown option; ValueError for a bad value, or a group size or loss
+          temperature that disagrees with the rollout's.
+        """
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in (options or {}).items()}
+        derived = self.derived_options(rollout)
+        for name, value in derived.items():
+            if options.get(name) is None:
+                options[name] = value
+        config = self.make_config(**options)
+        temperature = getattr(config, "temperature", None)
+        if temperature is not None and temperature != rollout.temperature:
+            raise ValueError(f"method_config.temperature={temperature} differs from "
+                             f"rollout.temperature={rollout.temperature}: logp_old would not match "
+                             f"the policy log-probs")
+        if self.rollout == "hdl_tree":
+            size = config.group_size
+            if rollout.group_size not in (None, size):
+                raise ValueError(f"rollout.group_size={rollout.group_size} but an HDL tree has "
+                                 f"{size} rows; set rollout.group_size=None")
+        else:
+            size = rollout.group_size
+            if size is None:
+                raise ValueError(f"rollout.group_size must be set for method {self.name!r}")
+            if getattr(config, "group_size", size) != size:
+                raise ValueError(f"method_config.group_size={config.group_size} differs from "
+                                 f"rollout.group_size={size}: the loss would split the batch into "
+                                 f"other groups than the rollout sampled")
+        return dataclasses.replace(self, config=config, group_size=size)
+
+    def update(self, state, metrics: dict):
+        """One state update at a rollout boundary (:attr:`update_state` with this config)."""
+        return self.update_state(state, metrics, self.config)
 
 
 def resolve_config(name: str, config, default):

@@ -18,10 +18,11 @@ import dataclasses
 import jax
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.batch import check_batch
-from hindsight.methods.forward import aggregate_rows, context_hidden, gather, vocab_rows
+from hindsight.batch import check_batch
+from hindsight.methods.forward import context_hidden, distill_term, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_hidden)
+from hindsight.objectives import Loss
 from hindsight.ops import entropy_from_logprobs, generalized_jsd_from_logprobs
 
 NAME = "opsd"
@@ -53,11 +54,12 @@ class OPSDConfig(LossConfig):
         return self.teacher == "reference"
 
 
-def loss_fn(model, batch, *, config: OPSDConfig | None = None, reference=None, method_state=None):
-    """OPSD loss ``(sum, count, metrics)``: token-mean generalized JSD(student, teacher context).
+def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """OPSD loss: the ``distill`` term, token-mean generalized JSD(student, teacher context).
 
-    Metrics: ``jsd`` (the loss), ``entropy`` (student), ``teacher_gap`` (mean ``logp_T - logp_S``
-    at the sampled tokens: the negated sampled estimate of ``KL(S || T)``).
+    Metrics: ``entropy`` (student), ``teacher_gap`` (mean ``logp_T - logp_S`` at the sampled
+    tokens: the negated sampled estimate of ``KL(S || T)``).
     """
     config = resolve_config(NAME, config, OPSDConfig())
     require_no_state(NAME, method_state)
@@ -72,9 +74,8 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, reference=None, m
                 "entropy": sg(entropy_from_logprobs(ls)),
                 "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
 
-    rows = vocab_rows(row, sides, batch["targets"], chunk_size=config.chunk_size,
-                      temperature=config.temperature)
-    return aggregate_rows(rows, batch["mask"], loss="jsd")
+    rows = vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
+    return Loss(*distill_term(rows, batch["mask"], loss="jsd"))
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=OPSDConfig(), contexts=CONTEXTS,

@@ -20,11 +20,12 @@ import dataclasses
 import jax
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.batch import check_batch
-from hindsight.methods.forward import aggregate_rows, context_hidden, vocab_rows
+from hindsight.batch import check_batch
+from hindsight.methods.forward import context_hidden, distill_term, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, require_reference, resolve_config,
                                       teacher_model)
+from hindsight.objectives import Loss
 from hindsight.ops import entropy_from_logprobs, generalized_jsd_from_logprobs, kl_from_logprobs
 from hindsight.signals import LOGP_TARGET_FLOOR, pmi_target_from_logprobs
 
@@ -63,12 +64,12 @@ class OPSDPMIConfig(LossConfig):
         return True
 
 
-def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, reference=None,
-            method_state=None):
-    """OPSD-PMI loss ``(sum, count, metrics)``: token-mean JSD(student, purified target).
+def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """OPSD-PMI loss: the ``distill`` term, token-mean JSD(student, purified target).
 
-    Metrics: ``jsd`` (the loss), ``entropy`` (student), ``target_shift`` (mean ``KL(q || P0)``:
-    how far the purified evidence moves the target from the base).
+    Metrics: ``entropy`` (student), ``target_shift`` (mean ``KL(q || P0)``: how far the purified
+    evidence moves the target from the base).
     """
     config = resolve_config(NAME, config, OPSDPMIConfig())
     require_no_state(NAME, method_state)
@@ -88,9 +89,8 @@ def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, reference=None
                 "entropy": sg(entropy_from_logprobs(logp["student"])),
                 "target_shift": sg(kl_from_logprobs(target, logp["base"]))}
 
-    rows = vocab_rows(row, sides, batch["targets"], chunk_size=config.chunk_size,
-                      temperature=config.temperature)
-    return aggregate_rows(rows, batch["mask"], loss="jsd")
+    rows = vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
+    return Loss(*distill_term(rows, batch["mask"], loss="jsd"))
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=OPSDPMIConfig(), contexts=CONTEXTS,

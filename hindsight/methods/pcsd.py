@@ -9,8 +9,8 @@ Paper not located; the gate extends SDAR's ``sigmoid(beta * gap)`` gate (arXiv 2
 ``D = sg(logp_T - logp_S)`` between the teacher context (privileged: question + reference answer /
 feedback, same weights under ``stop_gradient`` by default) and the policy, at the sampled tokens;
 ``l = -logp_S`` (``loss="nll"``, [BRIEF] default), the full-vocabulary ``KL(S || T)``
-(``"rkl"``, SDAR's best) or its sampled form ``sg(lS - lT) lS`` (``"rkl_sampled"``). Both terms are
-token means over the same mask, so they share one count.
+(``"rkl"``, SDAR's best) or its sampled form ``sg(lS - lT) lS`` (``"rkl_sampled"``). The method
+returns two named terms, ``policy`` and ``distill`` (weight ``lam``), each a token mean.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ import dataclasses
 import jax
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.batch import check_batch
+from hindsight.batch import check_batch
 from hindsight.methods.method import (TEACHERS, Method, require_no_state,
                                       resolve_config, teacher_hidden)
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_loss
-from hindsight.objectives import aggregate
+from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.objectives import Loss, Term, aggregate
 from hindsight.signals import pcsd_loss, persistence_gate_from_gap
 
 NAME = "pcsd"
@@ -80,31 +80,33 @@ class PCSDConfig(SurrogateConfig):
                     variance_direction=self.variance_direction)
 
 
-def loss_fn(model, batch, *, config: PCSDConfig | None = None, reference=None, method_state=None):
-    """PCSD loss ``(sum, count, metrics)``: ``L_GRPO + lam * L_pcsd`` (token-mean).
+def loss_fn(model, batch, *, config: PCSDConfig | None = None, head=None, reference=None,
+            method_state=None) -> Loss:
+    """PCSD loss ``L_GRPO + lam * L_pcsd``: terms ``policy`` and ``distill`` (``L_pcsd``, weight
+    ``lam``), both token means.
 
-    Metrics: GRPO's (:func:`hindsight.methods.grpo.loss_fn`) plus ``pcsd_loss`` (unweighted
-    ``L_pcsd``), ``gate_mean``, ``teacher_gap`` (mean ``logp_T - logp_S`` at the sampled tokens)
-    and, with ``loss="rkl"``, ``teacher_kl`` (mean full-vocabulary ``KL(S || T)``).
+    Metrics: GRPO's (:func:`hindsight.methods.grpo.loss_fn`) plus ``gate_mean``, ``teacher_gap``
+    (mean ``logp_T - logp_S`` at the sampled tokens) and, with ``loss="rkl"``, ``teacher_kl``
+    (mean full-vocabulary ``KL(S || T)``).
     """
     config = resolve_config(NAME, config, PCSDConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
-    rows = policy_rows(model, batch, config, reference=reference, teacher=teacher,
+    rows = policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher,
                        teacher_kl=config.loss == "rkl")
-    total, count, metrics = surrogate_loss(rows, batch, config)
+    terms, metrics = surrogate_terms(rows, batch, config)
     mask = batch["mask"]
     gap = jax.lax.stop_gradient(rows["teacher_logp"] - rows["logp"])
     gate = persistence_gate_from_gap(gap, mask, **config.gate_options())
     aux, aux_count = pcsd_loss(gate, rows["logp"], mask, loss=config.loss,
                                teacher_logp=rows["teacher_logp"], reverse_kl=rows.get("teacher_kl"))
-    metrics["pcsd_loss"] = (jax.lax.stop_gradient(aux), aux_count)
+    terms["distill"] = Term(sum=aux, count=aux_count, weight=config.lam)
     metrics["gate_mean"] = aggregate(gate, mask)
     metrics["teacher_gap"] = aggregate(gap, mask)
     if "teacher_kl" in rows:
         metrics["teacher_kl"] = aggregate(jax.lax.stop_gradient(rows["teacher_kl"]), mask)
-    return total + config.lam * aux, count, metrics
+    return Loss(terms, metrics)
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=PCSDConfig(), contexts=CONTEXTS,

@@ -1,9 +1,10 @@
 """The clipped-surrogate core shared by the GRPO family (grpo, dapo, drgrpo, hdl, pcsd, craft).
 
-One chunked LM-head pass gives, per response position, the policy's log-prob of the sampled token
-(with gradient), its entropy, and the stop-gradient log-probs of the same token under the reference
-model and a teacher context when the method has them; the surrogate then goes through
-:func:`hindsight.objectives.policy_loss`.
+One LM-head pass gives, per response position, the policy's log-prob of the sampled token (with
+gradient), its entropy, and the stop-gradient log-probs of the same token under the reference model
+and a teacher context when the method has them; :func:`surrogate_terms` turns them into the
+``policy`` term (:func:`hindsight.objectives.policy_loss`) and, with a KL coefficient, a ``kl``
+term aggregated the same way.
 """
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ from collections.abc import Mapping
 import jax
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.forward import Side, context_hidden, gather, vocab_rows
+from hindsight.methods.forward import LMHead, Side, context_hidden, gather, vocab_rows
 from hindsight.methods.method import LossConfig
-from hindsight.objectives import aggregate, policy_loss
+from hindsight.objectives import (RATIO_LEVELS, SCALES, Term, aggregate, kl_penalty, policy_loss,
+                                  term)
 from hindsight.ops import entropy_from_logprobs, kl_from_logprobs
-
-ADVANTAGE_SCALES = ("std", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,13 +30,18 @@ class SurrogateConfig(LossConfig):
       dual_clip: bound ``-A c`` on the loss of ``A < 0`` tokens (verl ``clip_ratio_c = 3``); None =
         off.
       advantage_scale: read by the rollout layer, which computes the advantages
-        (:func:`hindsight.objectives.group_advantages` ``scale``): ``"std"`` (GRPO) or ``"none"``
-        (Dr.GRPO).
+        (:func:`hindsight.objectives.group_advantages` ``scale``): ``"std"`` (GRPO), ``"none"``
+        (Dr.GRPO) or ``"batch"`` (TRL ``scale_rewards="batch"``: the group mean subtracted, the
+        batch's reward std divided).
+      ratio_level: ``"token"`` (PPO/GRPO ratios) or ``"sequence"`` (GSPO's length-normalised
+        sequence ratio, verl ``gspo``; pair it with GSPO's clip ranges, e.g. ``eps_low=3e-4,
+        eps_high=4e-4``), see :func:`hindsight.objectives.clipped_surrogate`.
     """
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = 3.0
     advantage_scale: str = "std"
+    ratio_level: str = "token"
 
     def __post_init__(self):
         super().__post_init__()
@@ -44,17 +49,20 @@ class SurrogateConfig(LossConfig):
         check_static_float("eps_high", self.eps_high, low=0.0)
         if self.dual_clip is not None and not check_static_float("dual_clip", self.dual_clip) > 1:
             raise ValueError(f"`dual_clip` must be > 1 (or None), got {self.dual_clip}")
-        check_choice("advantage_scale", self.advantage_scale, ADVANTAGE_SCALES)
+        check_choice("advantage_scale", self.advantage_scale, SCALES)
+        check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
 
 
-def policy_rows(model, batch: Mapping, config: LossConfig, *, reference=None,
-                teacher: Side | None = None, teacher_kl: bool = False) -> dict[str, jax.Array]:
+def policy_rows(model, batch: Mapping, config: LossConfig, *, head: LMHead | None = None,
+                reference=None, teacher: Side | None = None,
+                teacher_kl: bool = False) -> dict[str, jax.Array]:
     """Per-position policy quantities from one chunked pass, each ``[B, T]`` float32.
 
     Args:
       model: the trained policy (gradient flows through ``logp`` and ``teacher_kl``).
       batch: the batch dict.
-      config: supplies ``temperature`` and ``chunk_size``.
+      config: supplies ``temperature``.
+      head: the LM head (backend, blocks, vocabulary mask).
       reference: optional reference model, run on the policy context (no gradient).
       teacher: optional frozen teacher side (e.g. ``context_hidden(model, batch, "teacher",
         frozen=True)``).
@@ -82,22 +90,34 @@ def policy_rows(model, batch: Mapping, config: LossConfig, *, reference=None,
             out["teacher_kl"] = kl_from_logprobs(logp["policy"], logp["teacher"])
         return out
 
-    return vocab_rows(row, sides, batch["targets"], chunk_size=config.chunk_size,
-                      temperature=config.temperature)
+    return vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
 
 
-def surrogate_loss(rows: Mapping[str, jax.Array], batch: Mapping, config: SurrogateConfig, *,
-                   mode: str = "token-mean", norm: float | None = None, kl_coef: float = 0.0,
-                   kl_estimator: str = "k3") -> tuple[jax.Array, jax.Array, dict]:
-    """Clipped surrogate (+ ``kl_coef`` x KL to the reference) as ``(sum, count, metrics)``.
+def surrogate_terms(rows: Mapping[str, jax.Array], batch: Mapping, config: SurrogateConfig, *,
+                    mode: str = "token-mean", norm: float | None = None, kl_coef: float = 0.0,
+                    kl_estimator: str = "k3") -> tuple[dict[str, Term], dict]:
+    """The clipped surrogate as the ``policy`` term (aggregated with ``mode``) and, when
+    ``kl_coef > 0``, ``kl_coef`` x the estimated KL to the reference as the ``kl`` term (same
+    aggregation, so verl's ``pg + kl_coef * kl`` exactly).
 
-    ``metrics``: those of :func:`hindsight.objectives.policy_loss` (clip fractions, ratio,
-    approx_kl, pg_loss, and ``kl`` when ``rows`` has ``ref_logp``) plus the policy ``entropy``
-    (token-mean over the loss mask).
+    Returns:
+      ``(terms, metrics)``: ``metrics`` are those of :func:`hindsight.objectives.policy_loss` (clip
+      fractions, ratio, approx_kl; ``kl`` when ``rows`` has ``ref_logp`` and the KL is not a term)
+      plus the policy ``entropy`` (token-mean over the loss mask).
     """
+    mask = batch["mask"]
     total, count, metrics = policy_loss(
-        rows["logp"], batch["logp_old"], batch["advantages"], batch["mask"],
-        eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip, mode=mode,
-        norm=norm, logp_ref=rows.get("ref_logp"), kl_coef=kl_coef, kl_estimator=kl_estimator)
-    metrics["entropy"] = aggregate(rows["entropy"], batch["mask"])
-    return total, count, metrics
+        rows["logp"], batch["logp_old"], batch["advantages"], mask, eps_low=config.eps_low,
+        eps_high=config.eps_high, dual_clip=config.dual_clip, mode=mode, norm=norm,
+        ratio_level=config.ratio_level)
+    del metrics["pg_loss"]  # the policy term itself
+    terms = {"policy": Term(sum=total, count=count, mode=mode)}
+    if "ref_logp" in rows:
+        kl = term(kl_penalty(rows["logp"], rows["ref_logp"], mask, estimator=kl_estimator), mask,
+                  mode=mode, norm=norm, weight=kl_coef)
+        if kl_coef > 0.0:
+            terms["kl"] = kl
+        else:
+            metrics["kl"] = (jax.lax.stop_gradient(kl.sum), kl.count)
+    metrics["entropy"] = aggregate(rows["entropy"], mask)
+    return terms, metrics

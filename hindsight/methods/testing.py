@@ -1,5 +1,5 @@
 """A tiny random decoder, a character tokenizer for it, and a random batch in the
-:mod:`hindsight.methods.batch` layout, for tests and quick experiments with any method (every
+:mod:`hindsight.batch` layout, for tests and quick experiments with any method (every
 context present, groups contiguous, right padding, an all-masked row and suffix-only continuation
 rows). ``char_model()`` + ``CharTokenizer()`` are what the launcher's ``model.name="tiny-random"``
 loads."""
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.methods.batch import CONTEXT_NAMES, build_batch
+from hindsight.batch import CONTEXT_NAMES, build_batch
 from hindsight.models import Decoder, ModelConfig
 from hindsight.objectives import group_advantages
 from hindsight.ops import token_logprobs

@@ -2,17 +2,20 @@
 
 Every loss returns ``(sum, count)`` plus a metrics dict of ``(sum, count)`` pairs, so that token means
 are exact across micro-batches and devices: add the pairs up, then divide once per optimizer step with
-:func:`finalize` / :func:`finalize_metrics`.
+:func:`finalize` / :func:`finalize_metrics`. A method's objective is a weighted sum of such pairs,
+named :class:`Term`\ s (:mod:`hindsight.objectives.terms`), each divided by its own count.
 """
-from hindsight.objectives.advantages import group_advantages
+from hindsight.objectives.advantages import SCALES, group_advantages
 from hindsight.objectives.aggregation import MODES, aggregate, finalize, finalize_metrics
 from hindsight.objectives.distillation import DIVERGENCES, distillation_loss, sampled_distillation_loss
 from hindsight.objectives.kl_estimators import ESTIMATORS, kl_penalty
-from hindsight.objectives.policy import clipped_surrogate, policy_loss
+from hindsight.objectives.policy import RATIO_LEVELS, clipped_surrogate, policy_loss
 from hindsight.objectives.shaping import overlong_penalty
+from hindsight.objectives.terms import Loss, Term, objective, term, term_metrics
 
 __all__ = [
-    "DIVERGENCES", "ESTIMATORS", "MODES", "aggregate", "clipped_surrogate", "distillation_loss",
+    "DIVERGENCES", "ESTIMATORS", "Loss", "MODES", "Term", "aggregate", "clipped_surrogate", "distillation_loss",
     "finalize", "finalize_metrics", "group_advantages", "kl_penalty", "overlong_penalty",
-    "policy_loss", "sampled_distillation_loss",
+    "objective", "policy_loss", "sampled_distillation_loss", "term", "term_metrics",
+    "RATIO_LEVELS", "SCALES",
 ]

@@ -1,9 +1,14 @@
 """Loss aggregation as ``(sum, count)`` pairs, so that means are exact across micro-batches.
 
-Every mode reduces a per-token quantity ``[B, T]`` to a float32 pair whose ratio is the verl
-``agg_loss`` value. Pairs from micro-batches (or devices) are combined by adding sums and counts
-(``jax.tree.map(jnp.add, a, b)`` works on whole metric dicts); :func:`finalize` divides once per
-optimizer step, which is what makes the result independent of how the batch was split.
+Every mode reduces a per-token quantity ``[B, T]`` to a float32 pair ``(sum, count)``. For
+``"token-mean"``, ``"seq-mean-token-mean"`` and ``"seq-mean-token-sum"`` the ratio ``sum / count`` is
+the value of verl's ``agg_loss`` (``verl/trainer/ppo/core_algos.py``, defaults ``dp_size=1`` and no
+``batch_num_tokens`` / ``global_batch_size``; the global values play the role of our summed counts).
+``"seq-mean-token-sum-norm"`` is the Dr.GRPO / TRL ``loss_type="dr_grpo"`` normalisation, equal to
+verl's only from verl v0.7.1 on (see :func:`aggregate`). Pairs from micro-batches (or devices) are
+combined by adding sums and counts (``jax.tree.map(jnp.add, a, b)`` works on whole metric dicts);
+:func:`finalize` divides once per optimizer step, which is what makes the result independent of how
+the batch was split.
 """
 from __future__ import annotations
 
@@ -43,12 +48,24 @@ def aggregate(per_token: jax.Array, mask: jax.Array, *, mode: str = "token-mean"
               norm: float | None = None) -> tuple[jax.Array, jax.Array]:
     """Reduce ``per_token [B, T]`` over the masked tokens to ``(sum, count)``.
 
-    Modes (``finalize(sum, count)`` gives the verl ``agg_loss`` value):
+    Modes (``finalize(sum, count)`` is the verl ``agg_loss`` value; for the last mode only from v0.7.1):
       * ``"token-mean"`` (DAPO, verl default): ``(sum_bt x*m, sum_bt m)``.
       * ``"seq-mean-token-mean"`` (original GRPO): ``(sum_b mean_t x, #rows with >= 1 token)``.
       * ``"seq-mean-token-sum"``: ``(sum_b sum_t x, #rows with >= 1 token)``.
       * ``"seq-mean-token-sum-norm"`` (Dr.GRPO): ``(sum_b sum_t x / norm, #rows with >= 1 token)``;
-        ``norm`` is a constant such as the maximum response length, required here.
+        ``norm`` is a constant such as the maximum response length, required here. ``finalize`` gives
+        ``sum_bt x*m / (R * norm)`` with ``R`` the number of rows holding >= 1 token. That is TRL's
+        ``loss_type="dr_grpo"`` (``trl/trainer/grpo_trainer.py`` ``_compute_loss``:
+        ``(per_token_loss * mask).sum() / (B * max_completion_length)``) with
+        ``norm = max_completion_length`` whenever every row has a token; TRL's ``B`` counts ALL rows,
+        so a batch with empty rows gives TRL ``R / B`` times our value. verl's
+        ``agg_loss(..., "seq-mean-token-sum-norm", loss_scale_factor=norm)`` equals ours from verl
+        v0.7.1 on (PR #5417, 2026-02-26: the token sums of the rows with a token, divided by ``R`` and
+        by ``loss_scale_factor``). verl up to v0.7.0 (and its main branch before that PR, e.g.
+        volcengine/verl b178a3cd) returns ``sum_bt x*m / loss_scale_factor`` without dividing by any
+        number of rows: our ``sum`` alone, ``R`` times our value (``ones[4, 8]`` with ``norm = 8``:
+        4.0 there, 1.0 here). A documented difference with those versions: the per-row mean keeps the
+        loss scale independent of the batch size, as in Dr.GRPO, TRL and current verl.
     Rows without any token contribute 0 to both sum and count in every mode.
 
     Args:

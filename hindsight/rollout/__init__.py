@@ -1,5 +1,5 @@
 """Rollout shapes: the training groups each method trains on, as batches of
-:mod:`hindsight.methods.batch`.
+:mod:`hindsight.batch`.
 
 * :mod:`~hindsight.rollout.group` — GRPO groups (``G`` independent samples per prompt).
 * :mod:`~hindsight.rollout.dynamic` — DAPO dynamic sampling (refill until enough mixed groups).

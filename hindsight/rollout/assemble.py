@@ -1,4 +1,4 @@
-"""Host-side rows -> the methods' training batch (:mod:`hindsight.methods.batch`).
+"""Host-side rows -> the methods' training batch (:mod:`hindsight.batch`).
 
 The rollout shapes (`group`, `dynamic`, `hdl`) each produce :class:`GroupRows`, one per prompt;
 :func:`assemble` lays them out as contiguous groups, builds the policy context and the extra
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from hindsight.methods.batch import build_batch, context_key
+from hindsight.batch import build_batch, context_key
 from hindsight.ops import token_logprobs
 from hindsight.sampling.buckets import cache_len_bucket
 from hindsight.tasks import Example

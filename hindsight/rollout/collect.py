@@ -1,10 +1,13 @@
 """The rollout entry point: a method's training batch and rollout statistics.
 
-    batch, stats = hindsight.rollout.collect("hdl", model, tokenizer, task, examples,
+    method = get_method("hdl").configure(rollout=RolloutShape(max_new_tokens=128))
+    batch, stats = hindsight.rollout.collect(method, model, tokenizer, task, examples,
                                              key=jax.random.key(0), sampling=SamplingParams(...))
 
-Dispatches on the method's ``rollout`` (``"group"``, ``"dynamic"``, ``"hdl_tree"``) and builds the
-extra contexts its ``contexts`` name. Everything is checked before anything is compiled.
+``method`` is a configured :class:`~hindsight.methods.Method` (:meth:`~hindsight.methods.Method.configure`:
+its config, its rollout shape and group size). Dispatches on the method's ``rollout``
+(``"group"``, ``"dynamic"``, ``"hdl_tree"``), applies its reward shaping and builds the extra
+contexts its ``contexts`` name. Everything is checked before anything is compiled.
 """
 from __future__ import annotations
 
@@ -13,9 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hindsight.methods import CONTEXT_NAMES, Method, get_method
-from hindsight.methods.dapo import shaped_rewards
-from hindsight.methods.method import resolve_config
+from hindsight.batch import CONTEXT_NAMES
+from hindsight.methods import Method
 from hindsight.objectives import group_advantages
 from hindsight.rollout.assemble import GroupRows, assemble
 from hindsight.rollout.branching import tree_advantages
@@ -34,8 +36,6 @@ class RolloutConfig:
     """Rollout settings shared by the shapes (the method config holds the method's own).
 
     Attributes:
-      group_size: ``G`` rows per prompt for ``group`` / ``dynamic``; for ``hdl_tree`` None or the
-        tree's size (``num_roots * (1 + sum(counts))``, 16).
       slots: engine slot batch (default ``min(rows, 64)``).
       chunk_steps: decode steps between engine scheduling points.
       stop_at_eos: add the tokenizer's end-of-sequence id to the stop tokens.
@@ -43,7 +43,6 @@ class RolloutConfig:
       templates: wording of the teacher / probe contexts.
       num_sample_texts: decoded responses kept in the stats.
     """
-    group_size: int | None = 16
     slots: int | None = None
     chunk_steps: int = 16
     stop_at_eos: bool = True
@@ -103,8 +102,14 @@ class RolloutStats:
         return dataclasses.asdict(self)
 
 
-def _check(method: Method, config, examples, sampling: SamplingParams, rollout: RolloutConfig,
-           num_groups):
+def _check(method: Method, examples, sampling: SamplingParams, num_groups):
+    if not isinstance(method, Method):
+        raise TypeError(f"`method` must be a configured hindsight.methods.Method (get_method(name)"
+                        f".configure(...)), got {type(method).__name__}")
+    if method.group_size is None:
+        raise ValueError(f"method {method.name!r} is not configured: call .configure(rollout="
+                         f"RolloutShape(group_size=...)) to set its group size")
+    config = method.config
     if method.rollout not in SHAPES:
         raise ValueError(f"method {method.name!r} asks for rollout shape {method.rollout!r}; "
                          f"known shapes: {list(SHAPES)}")
@@ -120,15 +125,6 @@ def _check(method: Method, config, examples, sampling: SamplingParams, rollout: 
         raise ValueError(f"sampling temperature {sampling.temperature} differs from method "
                          f"{method.name!r}'s loss temperature {temperature}: logp_old would not "
                          f"match the policy log-probs")
-    g = rollout.group_size
-    if method.rollout == "hdl_tree":
-        if g is not None and g != config.group_size:
-            raise ValueError(f"group size mismatch: rollout group_size={g} but an HDL tree has "
-                             f"{config.group_size} rows (num_roots={config.num_roots} x (1 + "
-                             f"sum(counts={config.counts}))); pass group_size=None")
-    elif isinstance(g, bool) or not isinstance(g, int) or g < 1:
-        raise ValueError(f"`group_size` must be a positive int for rollout {method.rollout!r}, "
-                         f"got {g!r}")
     if method.rollout == "dynamic":
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"dynamic sampling needs `num_groups` (mixed groups wanted), a "
@@ -179,13 +175,13 @@ def _engine_stats(clock: PhaseClock) -> dict:
             for name, c in clock.engines.items()}
 
 
-def collect(method: str | Method, model, tokenizer, task, examples, *, key,
-            sampling: SamplingParams, config=None, rollout: RolloutConfig = RolloutConfig(),
+def collect(method: Method, model, tokenizer, task, examples, *, key,
+            sampling: SamplingParams, rollout: RolloutConfig = RolloutConfig(),
             num_groups: int | None = None) -> tuple[dict, RolloutStats]:
     """Sample, verify and assemble one training batch for ``method``.
 
     Args:
-      method: a registered name or a :class:`hindsight.methods.Method`.
+      method: a configured :class:`hindsight.methods.Method` (its config and group size).
       model, tokenizer: the policy (sampling and scoring use the same weights) and its tokenizer
         (chat template, ``decode``, ``eos_token_id``).
       task: ``verify(example, text) -> Verdict``.
@@ -194,20 +190,19 @@ def collect(method: str | Method, model, tokenizer, task, examples, *, key,
       key: PRNG key.
       sampling: sampling parameters; ``max_new_tokens`` is the response width ``T`` of the batch;
         the temperature must equal the loss config's.
-      config: the method config (default: the method's).
       rollout: :class:`RolloutConfig`.
       num_groups: ``P`` for ``dynamic`` (required); for the others None or ``len(examples)``.
     Returns:
-      ``(batch, stats)``: the batch of :mod:`hindsight.methods.batch` (host numpy arrays, ``B = P
+      ``(batch, stats)``: the batch of :mod:`hindsight.batch` (host numpy arrays, ``B = P
       * G`` rows, groups contiguous) with ``logp_old``, ``advantages`` and ``rewards`` (DAPO: shaped
       by the overlong penalty) and the contexts the method reads; :class:`RolloutStats`.
     Raises:
-      ValueError on an unknown rollout shape, a group size mismatch, a sampling / loss temperature
-      mismatch, or a context the examples cannot provide (e.g. no reference answer).
+      TypeError / ValueError for a method that is not configured, an unknown rollout shape, a
+      sampling / loss temperature mismatch, or a context the examples cannot provide (e.g. no
+      reference answer).
     """
-    method = method if isinstance(method, Method) else get_method(method)
-    config = resolve_config(method.name, config, method.config)
-    _check(method, config, examples, sampling, rollout, num_groups)
+    _check(method, examples, sampling, num_groups)
+    config, g = method.config, method.group_size
     params = with_eos(sampling, tokenizer) if rollout.stop_at_eos else sampling
     clock = PhaseClock()
     common = dict(key=key, params=params, slots=rollout.slots, chunk_steps=rollout.chunk_steps,
@@ -216,7 +211,6 @@ def collect(method: str | Method, model, tokenizer, task, examples, *, key,
     if method.rollout == "hdl_tree":
         groups, infos = sample_trees(model, tokenizer, task, examples, config=config,
                                      options=rollout.tree, **common)
-        g = config.group_size
         rewards = np.concatenate([grp.rewards for grp in groups])
         advantages = tree_advantages(rewards, [i.layout for i in infos], group_size=g,
                                      baseline=config.baseline)
@@ -227,7 +221,6 @@ def collect(method: str | Method, model, tokenizer, task, examples, *, key,
                          :rollout.num_sample_texts],
                      trace=_root_trace(tokenizer, groups[0], infos[0]))
     else:
-        g = rollout.group_size
         if method.rollout == "group":
             groups = sample_groups(model, tokenizer, task, examples, group_size=g, **common)
         else:
@@ -239,8 +232,8 @@ def collect(method: str | Method, model, tokenizer, task, examples, *, key,
         advantages = None
     lengths = np.concatenate([grp.lengths for grp in groups])
     train_rewards = rewards
-    if getattr(config, "overlong_buffer", None) is not None:
-        train_rewards = np.asarray(shaped_rewards(rewards, lengths, config))
+    if method.shape_rewards is not None:
+        train_rewards = np.asarray(method.shape_rewards(rewards, lengths, config))
     if advantages is None:
         advantages = np.asarray(group_advantages(
             train_rewards, g, scale=getattr(config, "advantage_scale", "std")))

@@ -184,3 +184,36 @@ class SortNumbers:
 
     def verify(self, example: Example, response: str) -> Verdict:
         return _last_list_verdict(sorted(example.data), integer_lists(response), what="numbers")
+
+
+@register("even_length")
+@dataclasses.dataclass(frozen=True)
+class EvenLength:
+    """Reply with a word of even length. Reward 1 iff the stripped response has an even number of
+    characters.
+
+    Not a test of language: the task a *random* model solves about half the time, so the ``tiny``
+    configs' groups have mixed rewards, non-zero advantages and a non-zero gradient (their
+    end-to-end and resume tests would prove nothing on a task every row fails). Items differ by a
+    topic noun and a number, so the train and test splits are large and disjoint.
+    """
+    style: str = "direct"
+    name: str = "even_length"
+
+    def __post_init__(self):
+        check_choice("style", self.style, STYLES)
+
+    def _make(self, rng: random.Random):
+        noun, number = rng.choice(NOUNS), rng.randint(0, 10 ** 6)
+        prompt = (f"Reply with one word that has an even number of letters (topic: {noun}, "
+                  f"item {number}).{_STYLE_SUFFIX[self.style]}")
+        return f"{noun}:{number}", Example(prompt=prompt, answer="even", data=(noun, number))
+
+    def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
+        return _draw(self._make, split=split, count=count, seed=seed)
+
+    def verify(self, example: Example, response: str) -> Verdict:
+        n = len(response.strip())
+        if n % 2 == 0:
+            return Verdict(1.0, "verified correct", str(n))
+        return Verdict(0.0, f"expected an even number of characters, got {n}", str(n))

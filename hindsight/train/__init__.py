@@ -1,35 +1,34 @@
 """Training engine: mesh + sharding, train state, the jitted train step with exact gradient
-accumulation, optax chains, orbax checkpoint/resume, grain prompt data and metrics.
+accumulation over named loss terms, optax chains, orbax checkpoint/resume, grain prompt data,
+metrics, the experiment schema and the RL loop.
 
-Typical use::
+Typical use (what :func:`hindsight.train.loop.run` does for an experiment config)::
 
-    cfg = TrainConfig(step=StepConfig(batch_size=32, num_microbatches=4), mesh=MeshConfig(data=-1))
-    validate(cfg)                                    # fails fast, naming the field
-    mesh = make_mesh(cfg.mesh)
-    tx = make_optimizer(cfg.optim)
+    mesh = make_mesh(MeshConfig(data=-1))
+    tx = make_optimizer(OptimConfig(name="adamw", learning_rate=1e-6))
     state, shardings, model_def = create_train_state(model, tx, mesh=mesh, rules=model_rules(mesh))
-    step = make_train_step(loss_fn, model_def=model_def, optimizer=tx, mesh=mesh,
-                           shardings=shardings, config=cfg.step)
-    state, metrics = step(state, shard_batch(local_batch, mesh))
+    step = make_train_step(method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh,
+                           shardings=shardings, config=StepConfig(batch_size=32, num_microbatches=4),
+                           loss_kwargs={"config": method.config})
+    state, metrics = step(state, local_rows)        # this process's rows of the step's batch
 """
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
-from hindsight.train.config import TrainConfig, validate
 from hindsight.train.data import DataConfig, make_data_iterator, prompt_dataset, read_jsonl
-from hindsight.train.mesh import (AXES, BATCH_AXES, DistributedConfig, MeshConfig, batch_sharding,
-                                  data_parallel_size, initialize_distributed, make_mesh,
-                                  model_rules, param_shardings, shard_batch)
+from hindsight.train.mesh import (AXES, BATCH_AXES, DistributedConfig, MeshConfig,
+                                  initialize_distributed, make_mesh, model_rules, param_shardings)
 from hindsight.train.metrics import MetricsConfig, MetricsLogger, StepTimer, format_summary
 from hindsight.train.optim import OPTIMIZERS, SCHEDULES, OptimConfig, make_optimizer, make_schedule
 from hindsight.train.state import (ModelDef, TrainState, abstract_train_state, create_train_state,
                                    split_model, state_shardings)
-from hindsight.train.step import StepConfig, TrainStep, make_train_step, split_microbatches
+from hindsight.train.step import (StepConfig, TrainStep, check_layout, make_train_step,
+                                  shard_batch)
 
 __all__ = [
     "AXES", "BATCH_AXES", "CheckpointConfig", "Checkpointer", "DataConfig", "DistributedConfig",
     "MeshConfig", "MetricsConfig", "MetricsLogger", "ModelDef", "OPTIMIZERS", "OptimConfig",
-    "SCHEDULES", "StepConfig", "StepTimer", "TrainConfig", "TrainState", "TrainStep",
-    "abstract_train_state", "batch_sharding", "create_train_state", "data_parallel_size",
-    "format_summary", "initialize_distributed", "make_data_iterator", "make_mesh",
-    "make_optimizer", "make_schedule", "make_train_step", "model_rules", "param_shardings", "prompt_dataset",
-    "read_jsonl", "shard_batch", "split_microbatches", "split_model", "state_shardings", "validate",
+    "SCHEDULES", "StepConfig", "StepTimer", "TrainState", "TrainStep", "abstract_train_state",
+    "check_layout", "create_train_state", "format_summary", "initialize_distributed",
+    "make_data_iterator", "make_mesh", "make_optimizer", "make_schedule", "make_train_step",
+    "model_rules", "param_shardings", "prompt_dataset", "read_jsonl", "shard_batch", "split_model",
+    "state_shardings",
 ]

@@ -1,15 +1,22 @@
-"""An experiment's configuration: the schema the launcher reads from ``configs/<method>.py``.
+"""An experiment's configuration: the one schema the launcher reads from ``configs/<method>.py``.
 
 A config file's ``get_config()`` returns a nested ``ml_collections.ConfigDict`` (or plain dicts);
-:func:`experiment_config` turns it into the frozen :class:`ExperimentConfig`, rejecting every
-unknown key by its dotted name and validating values before anything is loaded or compiled::
+:func:`resolve` turns it, once, into an :class:`Experiment`: the frozen :class:`ExperimentConfig`
+(typed sections, every unknown key rejected by its dotted name, every value validated) and the
+method configured for it (:meth:`hindsight.methods.Method.configure`), before anything is loaded
+or compiled::
 
     method            registry name ("grpo", "hdl", ...)
-    method_config     overrides of the method's config dataclass (its fields; spec defaults)
+    method_config     the method's options (its config dataclass; spec defaults). Options that
+                      follow another key (the loss temperature, CRAFT's group size, DAPO's
+                      overlong window, Dr.GRPO's normaliser) are None in the config files and
+                      derived from the rollout section after the command line is applied; the
+                      resolved values are what ``config.json`` shows
     model.*           embedded model name or path, dtype, layer scan, remat
     task.*            task registry name and its constructor options
     rollout.*         prompts per step, group size, sampling parameters, engine slots
-    train.*           steps, micro-batches, reference copy, optimizer, mesh, checkpoints
+    train.*           rollouts, PPO epochs and mini-batches, micro-batches, LM-head backend,
+                      reference copy, optimizer, mesh, checkpoints
     eval.*            held-out reward: how often, how many examples, temperature
     seed              every random draw of the run derives from it
 
@@ -23,6 +30,7 @@ import typing
 from collections.abc import Mapping
 
 from hindsight._validation import check_choice
+from hindsight.methods.forward import LM_HEAD_BACKENDS
 from hindsight.train.mesh import MeshConfig
 from hindsight.train.optim import OptimConfig
 
@@ -94,13 +102,27 @@ class RolloutSection:
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
-    """``num_steps``: optimizer steps (one rollout each). ``reference``: ``"auto"`` keeps a frozen
-    copy of the initial params when the method's config needs one and none otherwise; ``"none"``,
-    ``"frozen"``, ``"ema"`` (decay ``ema_decay``) force it. ``optim`` and ``mesh`` are
-    :class:`~hindsight.train.OptimConfig` and :class:`~hindsight.train.MeshConfig`. Checkpoints every ``save_every`` steps
-    (and at the end, and on Ctrl-C), the newest ``max_to_keep`` kept."""
+    """How each rollout is trained on.
+
+    ``num_steps``: rollouts (training steps). Each rollout is split into ``ppo_minibatches``
+    mini-batches of whole groups, and ``ppo_epochs`` passes over them make ``ppo_epochs *
+    ppo_minibatches`` optimizer updates, ``logp_old`` fixed at rollout time (verl's
+    ``ppo_epochs`` / ``ppo_mini_batch_size``, TRL's ``num_iterations``); mini-batches are visited
+    in the same order every epoch. ``num_microbatches``: gradient accumulation inside one update.
+    ``lm_head``: the training path's LM-head backend (``scan``, ``fused`` or ``dense``,
+    :class:`~hindsight.methods.LMHead`), ``lm_head_chunk_size`` its rows per block (None: the
+    backend's default). ``reference``: ``"auto"`` keeps a frozen copy of the initial params when
+    the method's config needs one and none otherwise; ``"none"``, ``"frozen"``, ``"ema"`` (decay
+    ``ema_decay``, applied after every optimizer update) force it. ``optim`` (its schedule counts
+    optimizer updates) and ``mesh`` are :class:`~hindsight.train.OptimConfig` and
+    :class:`~hindsight.train.MeshConfig`. Checkpoints every ``save_every`` rollouts (and at the
+    end, and on Ctrl-C), the newest ``max_to_keep`` kept."""
     num_steps: int = 10
+    ppo_epochs: int = 1
+    ppo_minibatches: int = 1
     num_microbatches: int = 1
+    lm_head: str = "scan"
+    lm_head_chunk_size: int | None = None
     reference: str = "auto"
     ema_decay: float = 0.99
     optim: OptimConfig = OptimConfig()
@@ -109,9 +131,20 @@ class TrainSection:
     max_to_keep: int = 2
 
     def __post_init__(self):
-        for name in ("num_steps", "num_microbatches", "save_every", "max_to_keep"):
+        for name in ("num_steps", "ppo_epochs", "ppo_minibatches", "num_microbatches",
+                     "save_every", "max_to_keep"):
             _positive_int(f"train.{name}", getattr(self, name))
+        if self.lm_head_chunk_size is not None:
+            _positive_int("train.lm_head_chunk_size", self.lm_head_chunk_size)
+        check_choice("train.lm_head", self.lm_head, LM_HEAD_BACKENDS)
         check_choice("train.reference", self.reference, REFERENCE_CHOICES)
+        if not 0.0 <= self.ema_decay <= 1.0:
+            raise ValueError(f"train.ema_decay must be in [0, 1], got {self.ema_decay}")
+
+    @property
+    def updates_per_rollout(self) -> int:
+        """Optimizer updates per rollout: ``ppo_epochs * ppo_minibatches``."""
+        return self.ppo_epochs * self.ppo_minibatches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,71 +217,89 @@ def _build(cls, values: Mapping, prefix: str):
     return cls(**kwargs)
 
 
-def experiment_config(config) -> ExperimentConfig:
-    """Validate a config (ConfigDict or nested dicts) into an :class:`ExperimentConfig`.
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """An experiment resolved once: what the loop hands to the rollout and the step.
 
+    Attributes:
+      config: the typed sections; ``method_config`` holds every option of the method with the
+        derived ones filled in (this is ``config.json``).
+      method: the configured :class:`~hindsight.methods.Method` (config, contexts, rollout shape,
+        group size, state hooks).
+      reference: the train state's reference copy: None, ``"frozen"`` or ``"ema"``.
+    """
+    config: ExperimentConfig
+    method: typing.Any
+    reference: str | None
+
+    @property
+    def rows(self) -> int:
+        """Rows per rollout: ``prompts_per_step * group_size``."""
+        return self.config.rollout.prompts_per_step * self.method.group_size
+
+    @property
+    def rows_per_update(self) -> int:
+        """Rows per optimizer update: a rollout's rows over ``train.ppo_minibatches``."""
+        return self.rows // self.config.train.ppo_minibatches
+
+
+def resolve(config, *, num_devices: int | None = None,
+            process_count: int | None = None) -> Experiment:
+    """Validate a config (ConfigDict or nested dicts) and configure its method, once.
+
+    Args:
+      config: the experiment config.
+      num_devices, process_count: the machine (default: JAX's global device and process counts),
+        for the mesh and the row-layout checks.
     Raises:
       ConfigError naming the dotted key for an unknown key or a bad value, an unknown method or
-      task name (listing the registered ones), or a method option its config does not have.
+      task name (listing the registered ones), a method option its config does not have, a
+      reference the method needs but the config removes, or a row layout that cannot keep groups
+      whole (:func:`hindsight.train.check_layout`).
     """
     try:
-        return _experiment_config(config)
+        return _resolve(config, num_devices, process_count)
     except ConfigError:
         raise
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(e.args[0] if e.args else str(e)) from e
 
 
-def _experiment_config(config) -> ExperimentConfig:
+def _resolve(config, num_devices, process_count) -> Experiment:
+    import jax
+
     from hindsight.methods import get_method
     from hindsight.tasks import task_names
+    from hindsight.train.step import check_layout
 
-    values = _plain(config)
-    exp = _build(ExperimentConfig, values, "")
-    method = get_method(exp.method)
-    method_config(exp)  # unknown or invalid method options fail here
+    exp = _build(ExperimentConfig, _plain(config), "")
+    try:
+        method = get_method(exp.method).configure(exp.method_config, rollout=exp.rollout)
+    except TypeError as e:
+        raise TypeError(f"method_config: {e}") from None
     if exp.task.name not in task_names():
         raise KeyError(f"unknown task {exp.task.name!r} (task.name); registered tasks: "
                        f"{task_names()}")
-    if method.rollout == "hdl_tree":
-        size = method_config(exp).group_size
-        if exp.rollout.group_size not in (None, size):
-            raise ValueError(f"rollout.group_size={exp.rollout.group_size} but an HDL tree has "
-                             f"{size} rows; set rollout.group_size=None")
-    elif exp.rollout.group_size is None:
-        raise ValueError(f"rollout.group_size must be set for method {exp.method!r}")
-    elif getattr(method_config(exp), "group_size", exp.rollout.group_size) != \
-            exp.rollout.group_size:
-        raise ValueError(f"method_config.group_size={method_config(exp).group_size} differs from "
-                         f"rollout.group_size={exp.rollout.group_size}: the loss would split the "
-                         f"batch into other groups than the rollout sampled")
-    return exp
-
-
-def method_config(exp: ExperimentConfig):
-    """The method's config dataclass with ``exp.method_config`` applied; list values become
-    tuples (config files and JSON hold lists, the dataclasses tuples). The loss temperature
-    follows ``rollout.temperature`` unless set explicitly (they must agree)."""
-    from hindsight.methods import get_method
-
-    method = get_method(exp.method)
-    overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in exp.method_config.items()}
-    fields = {f.name for f in dataclasses.fields(method.config)}
-    if "temperature" in fields:
-        overrides.setdefault("temperature", exp.rollout.temperature)
-    try:
-        return method.make_config(**overrides)
-    except TypeError as e:
-        raise TypeError(f"method_config: {e}") from None
-
-
-def group_size(exp: ExperimentConfig) -> int:
-    """Rows per prompt: the HDL tree size or ``rollout.group_size``."""
-    from hindsight.methods import get_method
-
-    if get_method(exp.method).rollout == "hdl_tree":
-        return method_config(exp).group_size
-    return exp.rollout.group_size
+    t = exp.train
+    needs = method.config.needs_reference
+    reference = {"auto": "frozen" if needs else None, "none": None}.get(t.reference, t.reference)
+    if needs and reference is None:
+        raise ValueError(f"method {exp.method!r} with this method_config needs a reference model; "
+                         f"train.reference={t.reference!r} keeps none")
+    num_devices = jax.device_count() if num_devices is None else num_devices
+    process_count = jax.process_count() if process_count is None else process_count
+    mesh = t.mesh.resolve(num_devices)
+    rows = exp.rollout.prompts_per_step * method.group_size
+    check_layout(batch_size=rows, num_microbatches=t.num_microbatches,
+                 group_size=method.group_size, ppo_minibatches=t.ppo_minibatches,
+                 mesh_shape=mesh, process_count=process_count, couples_rows=method.couples_rows)
+    o = t.optim
+    if o.schedule != "constant" and o.total_steps < t.num_steps * t.updates_per_rollout:
+        raise ValueError(f"train.optim.total_steps={o.total_steps} counts optimizer updates and is "
+                         f"shorter than train.num_steps * ppo_epochs * ppo_minibatches = "
+                         f"{t.num_steps * t.updates_per_rollout}")
+    resolved = dataclasses.replace(exp, method_config=_plain(dataclasses.asdict(method.config)))
+    return Experiment(config=resolved, method=method, reference=reference)
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict:

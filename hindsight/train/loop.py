@@ -1,31 +1,40 @@
-"""The RL loop: rollout -> verify -> signal -> update, with a run directory that resumes.
+"""The RL loop: rollout -> verify -> signal -> updates, with a run directory that resumes.
 
     summary = hindsight.train.loop.run(config, workdir="runs/grpo")
 
-Each step samples ``rollout.prompts_per_step`` prompts of the task's train split (drawn from a
-seed derived from ``(seed, step)``, so the data order is a function of the step and a resumed run
-sees exactly the prompts an uninterrupted one would), collects the method's batch through
-:func:`hindsight.rollout.collect` with the current params, and applies one optimizer step of the
-method's loss (:func:`hindsight.train.make_train_step`). The run directory holds:
+The config is resolved once (:func:`hindsight.train.experiment.resolve`): typed sections and the
+method configured for them, which is handed to the rollout (:func:`hindsight.rollout.collect`) and
+the step. Each training step samples ``rollout.prompts_per_step`` prompts of the task's train split
+(drawn from a seed derived from ``(seed, step)``, so the data order is a function of the step and
+a resumed run sees exactly the prompts an uninterrupted one would), collects the method's batch
+with the current params, splits it into ``train.ppo_minibatches`` mini-batches of whole groups and
+makes ``train.ppo_epochs`` passes over them, one optimizer update per mini-batch
+(:func:`hindsight.train.make_train_step`; ``logp_old`` stays the rollout's). A method state
+(CRAFT's controller) is updated once per step, after its updates, from their mean metrics; an EMA
+reference after every update. The run directory holds:
 
 * ``config.json`` — the resolved config; a later run in the same directory must match it except
   for :data:`hindsight.train.experiment.RESUMABLE_KEYS` (else it refuses, naming the keys);
-* ``metrics.jsonl`` + TensorBoard events — per step: the loss metrics, ``reward``,
-  ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``, ``update_seconds``,
-  ``step_time``, ``tokens_per_s`` (generated tokens / step time) and, on evaluation steps,
-  ``eval_reward`` (held-out);
+* ``metrics.jsonl`` + TensorBoard events — per step: the loss metrics (mean over the step's
+  updates), ``reward``, ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``,
+  ``update_seconds``, ``step_time``, ``tokens_per_s`` (generated tokens / step time) and, on
+  evaluation steps, ``eval_reward`` (held-out);
+* ``updates.jsonl`` + TensorBoard ``update/*`` — per optimizer update: ``step``, ``update``,
+  ``epoch``, ``minibatch`` and the update's loss metrics (``ratio``, clip fractions, ...);
 * ``samples.jsonl`` — per step a few decoded responses (HDL: reflections, branch points and one
   root's per-token hindsight scores);
 * ``checkpoints/`` — orbax checkpoints (state incl. optimizer, RNG, reference and method state)
-  every ``train.save_every`` steps, at the end, and when the run is interrupted;
+  at step boundaries: every ``train.save_every`` steps, at the end, and when the run is
+  interrupted. A resumed run restarts at the step after the last checkpoint, so it is exact
+  (tested bit for bit with several updates per step);
 * ``summary.json`` — per-metric last / mean / min / max.
 
 Multi-host: every process samples the whole batch (identical, as the keys and params are) and
 feeds its own rows to the step; only the primary process writes files. (Tested on one process;
 the step itself is tested on two.)
 
-Ctrl-C (SIGINT) stops the run at the next phase boundary (after the rollout or after the update)
-and writes a checkpoint of the last completed step; a second Ctrl-C aborts at once.
+Ctrl-C (SIGINT) stops the run at the next phase boundary (after the rollout or after the step's
+updates) and writes a checkpoint of the last completed step; a second Ctrl-C aborts at once.
 """
 from __future__ import annotations
 
@@ -41,17 +50,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.methods import get_method
+from hindsight.methods import LMHead
 from hindsight.rollout import RolloutConfig, TreeOptions, collect, sample_groups
 from hindsight.rollout.runtime import with_eos
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import get_task
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
-from hindsight.train.config import TrainConfig, validate
-from hindsight.train.experiment import (ConfigError, ExperimentConfig, config_differences, experiment_config,
-                                        group_size, method_config)
-from hindsight.train.mesh import make_mesh, model_rules, shard_batch
-from hindsight.train.metrics import MetricsConfig, MetricsLogger, to_floats
+from hindsight.train.experiment import (ConfigError, Experiment, ExperimentConfig,
+                                        config_differences, resolve)
+from hindsight.train.mesh import make_mesh, model_rules
+from hindsight.train.metrics import MetricsConfig, MetricsLogger
 from hindsight.train.optim import make_optimizer, make_schedule
 from hindsight.train.state import create_train_state
 from hindsight.train.step import StepConfig, make_train_step
@@ -85,14 +93,25 @@ def sampling_params(exp: ExperimentConfig, *, temperature: float | None = None) 
                           max_new_tokens=r.max_new_tokens)
 
 
-def rollout_config(exp: ExperimentConfig) -> RolloutConfig:
-    r = exp.rollout
+def rollout_config(xp: Experiment) -> RolloutConfig:
+    r = xp.config.rollout
     tree = TreeOptions(reflection_max_tokens=r.reflection_max_tokens,
                        hindsight_reflection_tokens=r.hindsight_reflection_tokens)
-    hdl = get_method(exp.method).rollout == "hdl_tree"
-    return RolloutConfig(group_size=None if hdl else r.group_size, slots=r.slots,
-                         chunk_steps=r.chunk_steps, tree=tree,
-                         num_sample_texts=exp.num_sample_texts)
+    return RolloutConfig(slots=r.slots, chunk_steps=r.chunk_steps, tree=tree,
+                         num_sample_texts=xp.config.num_sample_texts)
+
+
+def vocab_mask(tokenizer, vocab_size: int):
+    """``[V]`` bool, True below the tokenizer's size, when the model pads its vocabulary (the Qwen
+    family: 151,665 tokens in 151,936 logits); None when they agree or the tokenizer has no size.
+
+    Raises:
+      ConfigError when the tokenizer has more ids than the model has logits.
+    """
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else vocab_size
+    if size > vocab_size:
+        raise ConfigError(f"the tokenizer has {size} ids but the model only {vocab_size} logits")
+    return None if size == vocab_size else jnp.arange(vocab_size) < size
 
 
 def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
@@ -146,13 +165,27 @@ class _StopFlag:
             signal.signal(signal.SIGINT, previous)
 
 
-def _local_rows(batch: dict) -> dict:
-    """This process's contiguous share of the batch rows. Every process samples the whole batch
-    (same key, same params, so the same rows) and feeds its own share to the sharded step."""
-    n, i = jax.process_count(), jax.process_index()
-    if n == 1:
+def _slice(batch: dict, part: int, parts: int) -> dict:
+    """The ``part``-th of ``parts`` contiguous row slices of every leaf."""
+    if parts == 1:
         return batch
-    return {k: v[i * (len(v) // n):(i + 1) * (len(v) // n)] for k, v in batch.items()}
+    return {k: v[part * (len(v) // parts):(part + 1) * (len(v) // parts)]
+            for k, v in batch.items()}
+
+
+def minibatches(batch: dict, count: int) -> list[dict]:
+    """This process's rows of the rollout, cut into ``count`` mini-batches.
+
+    Every process samples the whole batch (same key, same params, so the same rows) and feeds its
+    own contiguous share; mini-batch ``k`` is the ``k``-th contiguous slice of that share, whole
+    groups by the layout check (:func:`hindsight.train.check_layout`)."""
+    local = _slice(batch, jax.process_index(), jax.process_count())
+    return [_slice(local, k, count) for k in range(count)]
+
+
+def _mean_records(records: list[dict]) -> dict:
+    """Per metric, the mean over the step's updates (verl's reduction of mini-batch metrics)."""
+    return {k: float(np.mean([r[k] for r in records])) for k in records[0]}
 
 
 def _rollout_metrics(stats) -> dict:
@@ -186,52 +219,42 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
       :class:`~hindsight.train.experiment.ConfigError` for a bad config (before any model is
       loaded) or a ``workdir`` holding a run of another config.
     """
-    exp = experiment_config(config)
-    method = get_method(exp.method)
-    mcfg = method_config(exp)
-    resolved = exp.to_dict()
-    rows = exp.rollout.prompts_per_step * group_size(exp)
-    reference = {"auto": "frozen" if mcfg.needs_reference else None, "none": None}.get(
-        exp.train.reference, exp.train.reference)
-    t = exp.train
-    train_cfg = TrainConfig(
-        step=StepConfig(batch_size=rows, num_microbatches=t.num_microbatches,
-                        reference=reference, ema_decay=t.ema_decay),
-        mesh=t.mesh, optim=t.optim,
-        checkpoint=CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
-                                    save_every=t.save_every, max_to_keep=t.max_to_keep),
-        metrics=MetricsConfig(logdir=workdir, progress=progress), num_steps=t.num_steps)
-    try:
-        validate(train_cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    if mcfg.needs_reference and reference is None:
-        raise ConfigError(f"method {exp.method!r} with this method_config needs a reference model; "
-                         f"train.reference={t.reference!r} keeps none")
-    _prepare_workdir(workdir, resolved)
+    xp = resolve(config)
+    exp, method, t = xp.config, xp.method, xp.config.train
+    _prepare_workdir(workdir, exp.to_dict())
 
-    mesh = make_mesh(train_cfg.mesh)
+    mesh = make_mesh(t.mesh)
     model, tokenizer = load_policy(exp.model, mesh)
     task = get_task(exp.task.name, **exp.task.options)
-    tx = make_optimizer(train_cfg.optim)
-    method_state = method.init_state(mcfg) if method.init_state is not None else None
+    tx = make_optimizer(t.optim)
+    method_state = method.init_state(method.config) if method.init_state is not None else None
     state, shardings, model_def = create_train_state(
-        model, tx, mesh=mesh, rules=model_rules(mesh), seed=exp.seed, reference=reference,
+        model, tx, mesh=mesh, rules=model_rules(mesh), seed=exp.seed, reference=xp.reference,
         method_state=method_state)
+    head = LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size,
+                  vocab_mask=vocab_mask(tokenizer, model.config.vocab_size))
     del model  # the state owns the params now; the policy is re-merged from it each step
     step_fn = make_train_step(
         method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
-        config=train_cfg.step, schedule=make_schedule(train_cfg.optim),
-        max_grad_norm=train_cfg.optim.max_grad_norm, loss_kwargs={"config": mcfg},
-        method_update=method.method_update(mcfg))
-    ckpt = Checkpointer(train_cfg.checkpoint)
+        config=StepConfig(batch_size=xp.rows_per_update, num_microbatches=t.num_microbatches,
+                          group_size=method.group_size if method.couples_rows else None,
+                          reference=xp.reference, ema_decay=t.ema_decay),
+        schedule=make_schedule(t.optim), max_grad_norm=t.optim.max_grad_norm,
+        loss_kwargs={"config": method.config}, head=head)
+    update_method = (None if method.update_state is None else
+                     jax.jit(lambda s, m: s.replace(method_state=method.update(s.method_state, m)),
+                             donate_argnums=(0,)))
+    ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
+                                         save_every=t.save_every, max_to_keep=t.max_to_keep))
     if ckpt.latest_step is not None:
         abstract = jax.eval_shape(lambda s: s, state)
         state, _ = ckpt.restore(abstract, shardings)
-    start = int(state.step)
-    sampling, rollout = sampling_params(exp), rollout_config(exp)
+    per_step = t.updates_per_rollout
+    start = int(state.step) // per_step
+    sampling, rollout = sampling_params(exp), rollout_config(xp)
     root_key = jax.random.key(exp.seed)
-    logger = MetricsLogger(train_cfg.metrics, total_steps=t.num_steps, initial_step=start)
+    logger = MetricsLogger(MetricsConfig(logdir=workdir, progress=progress),
+                           total_steps=t.num_steps, initial_step=start)
     evals: list[tuple[int, float]] = []
 
     def policy():
@@ -261,13 +284,19 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                 examples = list(itertools.islice(examples, exp.rollout.prompts_per_step))
             batch, stats = collect(method, policy(), tokenizer, task, examples,
                                    key=jax.random.fold_in(root_key, step), sampling=sampling,
-                                   config=mcfg, rollout=rollout,
-                                   num_groups=exp.rollout.prompts_per_step)
+                                   rollout=rollout, num_groups=exp.rollout.prompts_per_step)
             if stop.stop:
                 break  # the rollout is discarded; the state is still that of `step`
             t1 = time.perf_counter()
-            state, train_metrics = step_fn(state, shard_batch(_local_rows(batch), mesh))
-            record = to_floats(train_metrics)
+            updates = []
+            for epoch in range(t.ppo_epochs):
+                for k, mini in enumerate(minibatches(batch, t.ppo_minibatches)):
+                    state, train_metrics = step_fn(state, mini)
+                    updates.append(logger.write_update(step + 1, int(state.step), train_metrics,
+                                                       epoch=epoch, minibatch=k))
+            record = _mean_records(updates)
+            if update_method is not None:
+                state = update_method(state, record)
             t2 = time.perf_counter()
             record.update(_rollout_metrics(stats), update_seconds=t2 - t1, step_time=t2 - t0,
                           tokens_per_s=float(np.sum(stats.generated_tokens)) / (t2 - t0))
@@ -280,7 +309,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
             samples.flush()
             if ckpt.save(step + 1, state, meta={"metrics": record}):
                 saved_at = step + 1
-    final = int(state.step)
+    final = int(state.step) // per_step
     if saved_at != final:
         ckpt.save(final, state, meta={"interrupted": stop.stop}, force=True)
     ckpt.close()

@@ -120,16 +120,6 @@ def make_mesh(config: MeshConfig, *, devices: Sequence | None = None) -> Mesh:
                          devices=devices)
 
 
-def data_parallel_size(mesh: Mesh) -> int:
-    """Number of batch shards: ``data * fsdp``."""
-    return int(np.prod([mesh.shape[a] for a in BATCH_AXES]))
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Leading (row) axis split over ``("data", "fsdp")``, other axes replicated."""
-    return NamedSharding(mesh, P(BATCH_AXES))
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
@@ -197,18 +187,6 @@ def param_shardings(params, mesh: Mesh, rules: PartitionRules | None):
         shape = tuple(np.shape(leaf))
         return NamedSharding(mesh, _fit_spec(spec_for(path_str(path), shape, rules), shape, mesh))
     return jax.tree_util.tree_map_with_path(one, params)
-
-
-def shard_batch(batch, mesh: Mesh):
-    """Place this process's rows of a batch on the mesh as global arrays.
-
-    Each process passes only its own rows (``[B / process_count, ...]`` per leaf, in process
-    order); the global array has ``B`` rows split over ``("data", "fsdp")``. In a single-process
-    run this is a plain ``device_put``.
-    """
-    sharding = batch_sharding(mesh)
-    return jax.tree.map(
-        lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
 def _fmt(sizes: dict) -> str:

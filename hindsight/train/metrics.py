@@ -1,4 +1,6 @@
-"""Metrics: one JSONL line per step, TensorBoard scalars (tensorboardX), a tqdm bar and a summary.
+"""Metrics: one JSONL line per step, TensorBoard scalars (tensorboardX), a tqdm bar and a summary;
+plus one line per optimizer update (``updates.jsonl``, TensorBoard ``update/*``) when a step makes
+several (PPO epochs and mini-batches).
 
 Only the primary process (``jax.process_index() == 0``) writes files and draws the bar; the
 others get no-op writers, so the same loop code runs on every host.
@@ -47,12 +49,14 @@ class MetricsLogger:
         self.config = config
         self.history: dict[str, list[float]] = {}
         primary = jax.process_index() == 0
-        self._jsonl = self._tb = self._bar = None
+        self._jsonl = self._updates = self._tb = self._bar = None
         if primary and config.logdir is not None:
             os.makedirs(config.logdir, exist_ok=True)
             if config.jsonl:
                 self._jsonl = open(os.path.join(config.logdir, "metrics.jsonl"), "a",
                                    encoding="utf-8")
+                self._updates = open(os.path.join(config.logdir, "updates.jsonl"), "a",
+                                     encoding="utf-8")
             if config.tensorboard:
                 # Imported here: only runs that write event files need the dependency.
                 from tensorboardX import SummaryWriter
@@ -81,6 +85,20 @@ class MetricsLogger:
             self._bar.update(1 if advance else 0)
         return values
 
+    def write_update(self, step: int, update: int, metrics: dict, **where) -> dict[str, float]:
+        """Record one optimizer update's metrics: a line ``{"step", "update", **where, ...}`` in
+        ``updates.jsonl`` and TensorBoard scalars ``update/<name>`` at the update index. Not in
+        the summary (the step's record holds their means)."""
+        values = to_floats(metrics)
+        if self._updates is not None:
+            self._updates.write(json.dumps({"step": int(step), "update": int(update), **where,
+                                            **values}) + "\n")
+            self._updates.flush()
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(f"update/{k}", v, global_step=int(update))
+        return values
+
     def summary(self) -> dict:
         """Per metric: last, mean, min, max over the logged steps; plus steps and wall time."""
         out = {"steps": max((len(v) for v in self.history.values()), default=0),
@@ -98,6 +116,8 @@ class MetricsLogger:
             self._bar.close()
         if self._tb is not None:
             self._tb.close()
+        if self._updates is not None:
+            self._updates.close()
         if self._jsonl is not None:
             self._jsonl.close()
             with open(os.path.join(self.config.logdir, "summary.json"), "w",

@@ -1,17 +1,33 @@
-"""The jitted, sharded train step with exact gradient accumulation.
+"""The jitted, sharded train step with exact gradient accumulation over named loss terms.
 
-A method supplies ``loss_fn(model, batch, **kwargs) -> (sum, count, metrics)`` where ``metrics`` is
-a dict of ``(sum, count)`` pairs (the :mod:`hindsight.objectives` contract). A jitted gradient
-program scans over micro-batches, adds the gradients of the *sums*, the counts and the metric
-pairs, and divides once: the loss and the gradient are those of the full batch, whatever the
-micro-batch count or the mesh (up to float reassociation). A second jitted program applies the
-optax update, donating the old state. Both carry explicit in/out shardings.
+A method supplies ``loss_fn(model, batch, **kwargs) -> Loss`` (:mod:`hindsight.objectives.terms`):
+named terms, each a ``(sum, count)`` pair with a weight, and metrics as ``(sum, count)`` pairs. The
+step's objective is ``sum_k weight_k * sum_k / count_k`` over the *whole* batch, whatever the
+micro-batch count or the mesh (up to float reassociation):
+
+1. every term's count is added over the micro-batches first (counts depend on the batch only, so
+   XLA reduces that pass to the mask arithmetic: the model passes in it are dead code);
+2. one gradient pass scans the micro-batches, each contributing ``sum_k weight_k * sum_k^m /
+   count_k``: one float32 gradient accumulator serves every term;
+3. a second jitted program applies the optax update, donating the old state.
+
+Both programs carry explicit in/out shardings.
+
+Row layout (:func:`shard_batch`, :func:`check_layout`). The step takes each process's rows of the
+optimizer step's batch (``B / process_count`` rows, in process order) and lays them out as
+``[M, B / M, ...]`` global arrays, the row axis split over ``("data", "fsdp")``: micro-batch ``m``
+is the ``m``-th contiguous slice of every process's rows. With groups of ``G`` contiguous rows a
+micro-batch therefore holds whole groups when ``G`` divides ``B / (M * process_count)``; a loss that
+couples the rows of a group (``StepConfig.group_size``, e.g. CRAFT's sibling credit) is refused
+otherwise, before anything compiles. Inside a micro-batch a group may still span devices (8
+devices, 4 rows each, groups of 8): the loss sees the logical micro-batch and XLA moves the few
+``[B, T]`` values a group reduction needs.
 
 Keyword arguments the step passes to ``loss_fn`` when its signature accepts them:
-``rng`` (a key array ``[rows]``, one key per row of the micro-batch, derived from the state's RNG
-and the row's global index, so per-row random choices are the same however the batch is split),
-``reference`` (the merged frozen/EMA reference model, when the state keeps one) and
-``method_state``.
+``head`` (the :class:`~hindsight.methods.LMHead`), ``rng`` (a key array ``[rows]``, one key per
+row of the micro-batch, derived from the state's RNG and the row's index in the step's batch, so
+per-row random choices are the same however the batch is split), ``reference`` (the merged
+frozen/EMA reference model, when the state keeps one) and ``method_state``.
 """
 from __future__ import annotations
 
@@ -25,59 +41,110 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from hindsight.train.mesh import BATCH_AXES, batch_sharding, data_parallel_size, replicated
+from hindsight.objectives import objective, term_metrics
+from hindsight.train.mesh import BATCH_AXES, replicated
 from hindsight.train.state import REFERENCES, ModelDef, TrainState
 
-LossFn = Callable[..., tuple]
+LossFn = Callable[..., object]
+
+
+def _positive_int(where: str, v) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"{where} must be a positive int, got {v!r}")
+
+
+def check_layout(*, batch_size: int, num_microbatches: int = 1, group_size: int | None = None,
+                 ppo_minibatches: int = 1, mesh_shape: dict | None = None,
+                 process_count: int = 1, couples_rows: bool = False) -> None:
+    """Raise ValueError (naming every number involved) unless a rollout of ``batch_size`` rows
+    splits into ``ppo_minibatches`` mini-batches of whole groups, each into ``num_microbatches``
+    micro-batches over ``process_count`` processes and the ``data * fsdp`` batch shards, and,
+    when the loss ``couples_rows``, every micro-batch holds whole groups of ``group_size``.
+
+    ``batch_size`` counts the rows of one rollout (all processes); ``mesh_shape`` maps axis names
+    to sizes (``mesh.shape``).
+    """
+    for name, v in (("batch_size", batch_size), ("num_microbatches", num_microbatches),
+                    ("ppo_minibatches", ppo_minibatches), ("process_count", process_count)):
+        _positive_int(name, v)
+    shape = dict(mesh_shape or {})
+    shards = int(np.prod([shape.get(a, 1) for a in BATCH_AXES]))
+    mesh = "(" + ", ".join(f"{a}={shape[a]}" for a in shape) + ")" if shape else "(1 device)"
+    where = (f"(rows per rollout {batch_size}, group_size={group_size}, "
+             f"train.ppo_minibatches={ppo_minibatches}, train.num_microbatches={num_microbatches}, "
+             f"{process_count} process(es), mesh {mesh})")
+    g = group_size or 1
+    if batch_size % (g * ppo_minibatches * process_count):
+        raise ValueError(f"a rollout must split into train.ppo_minibatches mini-batches of whole "
+                         f"groups on every process: group_size * ppo_minibatches * processes = "
+                         f"{g * ppo_minibatches * process_count} must divide the rows {where}")
+    step_rows = batch_size // ppo_minibatches
+    need = num_microbatches * shards
+    if step_rows % need:
+        raise ValueError(f"the rows of one optimizer step ({step_rows}) must split evenly into "
+                         f"train.num_microbatches * data * fsdp = {need} pieces {where}")
+    if couples_rows and step_rows % (g * num_microbatches * process_count):
+        raise ValueError(f"this loss couples the rows of a group, so every micro-batch must hold "
+                         f"whole groups: group_size * num_microbatches * processes = "
+                         f"{g * num_microbatches * process_count} must divide the rows of one "
+                         f"optimizer step ({step_rows}) {where}; lower train.num_microbatches or "
+                         f"train.ppo_minibatches, or raise rollout.prompts_per_step")
 
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """``batch_size``: rows per optimizer step (``B``, all processes together);
-    ``num_microbatches``: gradient-accumulation splits of those rows; ``reference``: keep no
-    reference (None), a ``"frozen"`` copy of the initial params, or an ``"ema"`` of the trained
-    params updated after each step with ``ema_decay``."""
+    ``num_microbatches``: gradient-accumulation splits of those rows; ``group_size``: when set,
+    the loss couples the rows of each group of ``group_size`` contiguous rows and every
+    micro-batch must hold whole groups (:func:`check_layout`); ``reference``: keep no reference
+    (None), a ``"frozen"`` copy of the initial params, or an ``"ema"`` of the trained params
+    updated after each optimizer step with ``ema_decay``."""
     batch_size: int
     num_microbatches: int = 1
+    group_size: int | None = None
     reference: str | None = None
     ema_decay: float = 0.99
 
     def __post_init__(self):
-        for name in ("batch_size", "num_microbatches"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"step.{name} must be a positive int, got {v!r}")
-        if self.batch_size % self.num_microbatches:
-            raise ValueError(f"step.batch_size={self.batch_size} is not divisible by "
-                             f"step.num_microbatches={self.num_microbatches}")
+        _positive_int("step.batch_size", self.batch_size)
+        _positive_int("step.num_microbatches", self.num_microbatches)
+        if self.group_size is not None:
+            _positive_int("step.group_size", self.group_size)
         if self.reference not in REFERENCES:
             raise ValueError(f"step.reference must be one of {list(REFERENCES)}, got "
                              f"{self.reference!r}")
         if not 0.0 <= self.ema_decay <= 1.0:
             raise ValueError(f"step.ema_decay must be in [0, 1], got {self.ema_decay}")
 
-    def check_shards(self, data: int, fsdp: int) -> None:
-        """Raise unless every micro-batch splits evenly over ``data * fsdp`` batch shards."""
-        need = data * fsdp * self.num_microbatches
-        if self.batch_size % need:
-            raise ValueError(
-                f"step.batch_size={self.batch_size} must be divisible by mesh.data*mesh.fsdp*"
-                f"step.num_microbatches = {data}*{fsdp}*{self.num_microbatches} = {need}")
+    def check(self, mesh: Mesh) -> None:
+        """:func:`check_layout` of one optimizer step's rows on ``mesh``."""
+        check_layout(batch_size=self.batch_size, num_microbatches=self.num_microbatches,
+                     group_size=self.group_size, mesh_shape=dict(mesh.shape),
+                     process_count=jax.process_count(), couples_rows=self.group_size is not None)
 
 
-def split_microbatches(batch, num_micro: int, num_shards: int):
-    """``[B, ...]`` leaves -> ``[M, B/M, ...]`` without moving rows between devices.
+def shard_batch(batch, mesh: Mesh, *, num_microbatches: int = 1):
+    """This process's rows ``[B / process_count, ...]`` -> global ``[M, B / M, ...]`` arrays.
 
-    Micro-batch ``m`` is the ``m``-th contiguous slice of every batch shard's rows: with ``S``
-    shards the row index is ``(s, m, r) -> s*B/S + m*B/(S*M) + r``. Each device thus keeps its own
-    rows, and a group of ``G`` contiguous rows stays whole when ``G`` divides ``B/(S*M)``.
+    Micro-batch ``m`` is the ``m``-th contiguous slice of every process's rows; its row axis is
+    split over ``("data", "fsdp")`` (see the module doc). Host arrays are not copied before the
+    transfer.
     """
+    sharding = NamedSharding(mesh, P(None, BATCH_AXES))
+    n = jax.process_count()
+
     def one(x):
-        b = x.shape[0]
-        x = x.reshape((num_shards, num_micro, b // (num_shards * num_micro)) + x.shape[1:])
-        x = jnp.swapaxes(x, 0, 1).reshape((num_micro, b // num_micro) + x.shape[3:])
-        return x
+        x = np.asarray(x)
+        local = x.reshape((num_microbatches, x.shape[0] // num_microbatches) + x.shape[1:])
+        shape = (num_microbatches, local.shape[1] * n) + x.shape[1:]
+        return jax.make_array_from_process_local_data(sharding, local, shape)
     return jax.tree.map(one, batch)
+
+
+def _micro_row_order(batch_size: int, num_micro: int, processes: int) -> np.ndarray:
+    """``[M, B/M]`` indices into the step's rows (process-major order) of each laid-out row."""
+    rows = np.arange(batch_size).reshape(processes, num_micro, batch_size // (processes * num_micro))
+    return rows.transpose(1, 0, 2).reshape(num_micro, batch_size // num_micro)
 
 
 def _accepted(fn: Callable) -> set[str] | None:
@@ -92,23 +159,28 @@ def _add(a, b):
     return jax.tree.map(jnp.add, a, b)
 
 
+def _first(tree):
+    return jax.tree.map(lambda x: x[0], tree)
+
+
 class TrainStep:
     """A compiled-on-first-call train step: ``state, metrics = step(state, batch)``.
 
-    ``batch`` is a pytree of global arrays with ``B = config.batch_size`` rows on their leading
-    axis, sharded over ``("data", "fsdp")`` (see :func:`hindsight.train.mesh.shard_batch`); the
-    state is donated. ``metrics`` is a dict of float32 scalars: ``loss``, ``count`` (the summed
-    loss denominator, e.g. tokens), ``grad_norm`` (before clipping), ``grad_clipped`` (1 when
-    clipping fired), ``learning_rate`` (the rate used for this update) and each of the loss's
-    metric pairs, divided once.
+    ``batch`` is this process's rows of one optimizer step (host or device arrays, ``B /
+    process_count`` rows on their leading axis, groups contiguous); the state is donated.
+    ``metrics`` is a dict of float32 scalars: ``loss`` (the weighted objective), per term
+    ``loss/<name>`` (its mean), ``weight/<name>`` and ``count/<name>`` (its normaliser over the
+    batch), ``grad_norm`` (before clipping), ``grad_clipped`` (1 when clipping fired),
+    ``learning_rate`` (the rate used for this update) and each of the loss's metric pairs, divided
+    once.
     """
 
     def __init__(self, loss_fn: LossFn, *, model_def: ModelDef,
                  optimizer: optax.GradientTransformation, mesh: Mesh, shardings: TrainState,
                  config: StepConfig, schedule: optax.Schedule | None = None,
                  max_grad_norm: float | None = None, loss_kwargs: dict | None = None,
-                 method_update: Callable | None = None):
-        config.check_shards(mesh.shape["data"], mesh.shape["fsdp"])
+                 head=None):
+        config.check(mesh)
         if (shardings.reference is None) != (config.reference is None):
             raise ValueError(f"step.reference={config.reference!r} does not match the train state, "
                              f"which {'has no' if shardings.reference is None else 'has a'} "
@@ -117,13 +189,16 @@ class TrainStep:
         self._loss_fn, self._model_def = loss_fn, model_def
         self._optimizer, self._schedule, self._max_norm = optimizer, schedule, max_grad_norm
         self._loss_kwargs = dict(loss_kwargs or {})
-        self._method_update = method_update
+        self._head = head
         self._accepts = _accepted(loss_fn)
+        self._order = _micro_row_order(config.batch_size, config.num_microbatches,
+                                       jax.process_count())
         rep = replicated(mesh)
+        micro = NamedSharding(mesh, P(None, BATCH_AXES))
         # Two programs: the gradient pass (also serving :meth:`grads`, compiled once) and the
         # update, which donates the old state.
         self._jitted_grads = jax.jit(
-            self._accumulate, in_shardings=(shardings, rep, batch_sharding(mesh)),
+            self._accumulate, in_shardings=(shardings, rep, micro),
             out_shardings=(shardings.params, rep, rep))
         self._jitted_apply = jax.jit(
             self._apply, in_shardings=(shardings, shardings.params, rep, rep),
@@ -132,57 +207,82 @@ class TrainStep:
     def _wants(self, name: str) -> bool:
         return self._accepts is None or name in self._accepts
 
-    def _micro_loss(self, params, batch, rng, state: TrainState, rest):
+    def _loss(self, params, batch, rng, state: TrainState, rest):
         md = ModelDef(self._model_def.graphdef, rest)
         kwargs = dict(self._loss_kwargs)
+        if self._head is not None and self._wants("head"):
+            kwargs["head"] = self._head
         if self._wants("rng"):
             kwargs["rng"] = jax.random.wrap_key_data(rng)
         if state.reference is not None and self._wants("reference"):
             kwargs["reference"] = md.merge(jax.lax.stop_gradient(state.reference))
         if state.method_state is not None and self._wants("method_state"):
             kwargs["method_state"] = state.method_state
-        total, count, metrics = self._loss_fn(md.merge(params), batch, **kwargs)
-        return jnp.asarray(total, jnp.float32), (jnp.asarray(count, jnp.float32), metrics)
+        return self._loss_fn(md.merge(params), batch, **kwargs)
 
-    def _accumulate(self, state: TrainState, rest, batch):
-        """Sum gradients, loss and metric pairs over micro-batches; divide once.
+    def _accumulate(self, state: TrainState, rest, micro):
+        """Counts, then gradients of the weighted term sums over the micro-batches.
 
         Returns ``(grads, metrics, next_rng)``: ``grads`` float32-accumulated then cast to the
-        param dtypes; ``metrics`` the finalized loss metrics plus ``loss`` and ``count``;
+        param dtypes; ``metrics`` the finalized loss metrics plus the term metrics and ``loss``;
         ``next_rng`` the state's next RNG key data.
         """
         cfg = self.config
         key, step_key = jax.random.split(jax.random.wrap_key_data(state.rng))
-        # One key per global row, split along with the rows: a loss's per-row random choices do
-        # not depend on the micro-batch count or the mesh.
+        # One key per row of the step, laid out like the rows: a loss's per-row random choices do
+        # not depend on the micro-batch count, the process count or the mesh.
         row_keys = jax.random.key_data(jax.random.split(step_key, cfg.batch_size))
-        micro, keys = split_microbatches((batch, row_keys), cfg.num_microbatches,
-                                         data_parallel_size(self.mesh))
-        # Keep each micro-batch spread over every batch shard (the reshape is device-local).
+        keys = row_keys[self._order]
         micro, keys = jax.tree.map(lambda x: jax.lax.with_sharding_constraint(
             x, NamedSharding(self.mesh, P(None, BATCH_AXES))), (micro, keys))
-        grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+
+        def counts_of(mb, k):
+            terms = self._loss(state.params, mb, k, state, rest).terms
+            return {name: jnp.asarray(t.count, jnp.float32) for name, t in terms.items()}
+
+        if cfg.num_microbatches == 1:
+            counts = None  # each term's own count is the batch's
+        else:
+            # Only the counts are used: XLA drops the model passes of this scan.
+            counts, _ = jax.lax.scan(lambda c, xs: (_add(c, counts_of(*xs)), None),
+                                     jax.tree.map(jnp.zeros_like,
+                                                  jax.eval_shape(counts_of, *_first((micro, keys)))),
+                                     (micro, keys))
+
+        def micro_objective(params, mb, k):
+            loss = self._loss(params, mb, k, state, rest)
+            value = objective(loss.terms, counts)
+            sums = {name: jnp.asarray(t.sum, jnp.float32) for name, t in loss.terms.items()}
+            own = {name: jnp.asarray(t.count, jnp.float32) for name, t in loss.terms.items()}
+            weights = {name: jnp.asarray(t.weight, jnp.float32) for name, t in loss.terms.items()}
+            return value, (jax.lax.stop_gradient(sums), own, weights, loss.metrics)
+
+        grad_fn = jax.value_and_grad(micro_objective, has_aux=True)
 
         def micro_step(mb, k):
-            (total, (count, metrics)), grads = grad_fn(state.params, mb, k, state, rest)
-            return jax.tree.map(lambda g: g.astype(jnp.float32), grads), total, count, metrics
+            (value, aux), grads = grad_fn(state.params, mb, k)
+            return jax.tree.map(lambda g: g.astype(jnp.float32), grads), value, aux
 
         if cfg.num_microbatches == 1:
             # No accumulator: a float32 copy of every gradient would be live for nothing.
-            grads, total, count, metrics = micro_step(*jax.tree.map(lambda x: x[0], (micro, keys)))
+            grads, value, (sums, counts, weights, metrics) = micro_step(*_first((micro, keys)))
         else:
             def body(carry, xs):
-                return _add(carry, micro_step(*xs)), None
+                grads, value, (sums, own, weights, metrics) = micro_step(*xs)
+                return _add(carry, (grads, value, sums, metrics)), weights
 
-            first = jax.tree.map(lambda x: x[0], (micro, keys))
-            shapes = jax.eval_shape(micro_step, *first)
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), shapes)
-            (grads, total, count, metrics), _ = jax.lax.scan(body, zeros, (micro, keys))
+            first = _first((micro, keys))
+            grads0, value0, (sums0, _, _, metrics0) = jax.eval_shape(micro_step, *first)
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32),
+                                 (grads0, value0, sums0, metrics0))
+            (grads, value, sums, metrics), weights = jax.lax.scan(body, zeros, (micro, keys))
+            weights = _first(weights)  # the same in every micro-batch (a term's contract)
 
-        denom = jnp.maximum(count, 1.0)
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
         out = {name: s / jnp.maximum(c, 1.0) for name, (s, c) in metrics.items()}
-        out.update(loss=total / denom, count=count)
+        terms = {name: _Pair(sums[name], counts[name], weights[name]) for name in sums}
+        out.update(term_metrics(terms))
+        out["loss"] = value
         return grads, out, jax.random.key_data(key)
 
     def _apply(self, state: TrainState, grads, metrics: dict, rng):
@@ -202,62 +302,69 @@ class TrainStep:
             d = cfg.ema_decay
             reference = jax.tree.map(lambda r, p: (d * r + (1.0 - d) * p).astype(r.dtype),
                                      reference, params)
-        method_state = state.method_state
-        if self._method_update is not None:
-            method_state = self._method_update(method_state, out)
         new = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                         rng=rng, reference=reference,
-                         method_state=method_state)
+                         rng=rng, reference=reference, method_state=state.method_state)
         return new, out
 
     def check_batch(self, batch) -> None:
-        """Raise (before any compile) unless every leaf has ``config.batch_size`` rows."""
+        """Raise (before any compile) unless every leaf has this process's share of
+        ``config.batch_size`` rows."""
+        rows = self.config.batch_size // jax.process_count()
         for path, x in jax.tree_util.tree_flatten_with_path(batch)[0]:
-            rows = np.shape(x)[0] if np.ndim(x) else None
-            if rows != self.config.batch_size:
+            if (np.shape(x)[0] if np.ndim(x) else None) != rows:
                 raise ValueError(f"batch leaf {jax.tree_util.keystr(path)} has shape "
-                                 f"{np.shape(x)}; expected step.batch_size="
-                                 f"{self.config.batch_size} rows on its leading axis")
+                                 f"{np.shape(x)}; expected this process's {rows} of "
+                                 f"step.batch_size={self.config.batch_size} rows on its leading "
+                                 f"axis")
+
+    def place(self, batch):
+        """This process's rows -> the step's ``[M, B/M, ...]`` global arrays
+        (:func:`shard_batch`)."""
+        self.check_batch(batch)
+        return shard_batch(batch, self.mesh, num_microbatches=self.config.num_microbatches)
 
     def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-        self.check_batch(batch)
-        grads, metrics, rng = self._jitted_grads(state, self._model_def.rest, batch)
+        grads, metrics, rng = self._jitted_grads(state, self._model_def.rest, self.place(batch))
         return self._jitted_apply(state, grads, metrics, rng)
 
     def grads(self, state: TrainState, batch) -> tuple:
         """``(grads, metrics)`` of the step's loss at ``state`` without updating (not donated):
         the exact full-batch gradient the optimizer would see, before clipping."""
-        self.check_batch(batch)
-        grads, metrics, _ = self._jitted_grads(state, self._model_def.rest, batch)
+        grads, metrics, _ = self._jitted_grads(state, self._model_def.rest, self.place(batch))
         return grads, metrics
 
     def lower(self, state: TrainState, batch):
         """``jax.jit(...).lower`` of the gradient pass (the step's memory peak), e.g. for
         ``.compile().memory_analysis()``."""
-        self.check_batch(batch)
-        return self._jitted_grads.lower(state, self._model_def.rest, batch)
+        return self._jitted_grads.lower(state, self._model_def.rest, self.place(batch))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    """A term's batch totals, for :func:`hindsight.objectives.term_metrics`."""
+    sum: jax.Array
+    count: jax.Array
+    weight: jax.Array
 
 
 def make_train_step(loss_fn: LossFn, *, model_def: ModelDef, optimizer: optax.GradientTransformation,
                     mesh: Mesh, shardings: TrainState, config: StepConfig,
                     schedule: optax.Schedule | None = None, max_grad_norm: float | None = None,
-                    loss_kwargs: dict | None = None,
-                    method_update: Callable | None = None) -> TrainStep:
+                    loss_kwargs: dict | None = None, head=None) -> TrainStep:
     """Build the sharded train step (validates ``config`` against ``mesh`` before compiling).
 
     Args:
-      loss_fn: ``loss_fn(model, batch, **kwargs) -> (sum, count, metrics)``; ``batch`` is one
-        micro-batch (leaves ``[B/M, ...]``); ``metrics`` maps names to ``(sum, count)`` pairs.
+      loss_fn: ``loss_fn(model, batch, **kwargs) -> Loss``; ``batch`` is one micro-batch (leaves
+        ``[B/M, ...]``).
       model_def: the static model half from :func:`hindsight.train.state.create_train_state`.
       optimizer: optax transformation (clipping included, see :mod:`hindsight.train.optim`).
       mesh, shardings: the mesh and the TrainState of ``NamedSharding`` for in/out shardings.
-      config: batch size, micro-batches, reference policy.
+      config: batch size, micro-batches, coupled group size, reference policy.
       schedule, max_grad_norm: only to report ``learning_rate`` and ``grad_clipped``.
       loss_kwargs: static keyword arguments for ``loss_fn`` (hyperparameters).
-      method_update: ``method_update(method_state, metrics) -> method_state`` run after each
-        update with the step's finalized metrics (e.g. a controller EMA); None keeps it unchanged.
+      head: the :class:`~hindsight.methods.LMHead` passed to ``loss_fn`` as ``head`` (None: the
+        loss's default).
     """
     return TrainStep(loss_fn, model_def=model_def, optimizer=optimizer, mesh=mesh,
                      shardings=shardings, config=config, schedule=schedule,
-                     max_grad_norm=max_grad_norm, loss_kwargs=loss_kwargs,
-                     method_update=method_update)
+                     max_grad_norm=max_grad_norm, loss_kwargs=loss_kwargs, head=head)

@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.methods import context_key
+from hindsight.batch import context_key
+from hindsight.objectives import Loss, Term
 
 SPLIT_ROWS = 4  # one group of the test batches
 
@@ -52,6 +53,12 @@ def split(batch, rows=SPLIT_ROWS):
     return [jax.tree.map(lambda x: x[i:i + rows], batch) for i in range(0, b, rows)]
 
 
-def add(*outs):
-    """Add ``(sum, count, metrics)`` triples."""
-    return jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *outs)
+def add(*losses):
+    """Combine the :class:`~hindsight.objectives.Loss` of whole-group pieces: term sums and counts
+    add, weights are shared (a term's weight does not depend on the batch); metric pairs add."""
+    first = losses[0]
+    terms = {k: Term(sum=sum(l.terms[k].sum for l in losses),
+                     count=sum(l.terms[k].count for l in losses), weight=t.weight, mode=t.mode)
+             for k, t in first.terms.items()}
+    metrics = jax.tree.map(lambda *xs: sum(xs[1:], xs[0]), *[l.metrics for l in losses])
+    return Loss(terms, metrics)

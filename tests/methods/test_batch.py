@@ -3,7 +3,8 @@ compile)."""
 import numpy as np
 import pytest
 
-from hindsight.methods import build_batch, check_batch, get_method
+from hindsight.batch import build_batch, check_batch
+from hindsight.methods import get_method
 
 
 def _drop(batch, prefix):

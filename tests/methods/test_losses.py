@@ -1,13 +1,13 @@
 """Every method's loss: finite value and gradients (all-masked row included) under
 ``jit(nnx.value_and_grad)``, equality with a dense materialised-logits reference, micro-batch
-invariance."""
+invariance of every named term's ``(sum, count)``."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from hindsight.methods import get_method
+from hindsight.methods import LMHead, get_method
 from hindsight.objectives import distillation_loss
 from hindsight.ops import log_softmax, token_logprobs
 from hindsight.signals import (barycenter_kl_from_logprobs, craft_loss_terms, persistence_loss,
@@ -17,7 +17,8 @@ from tests.methods.helpers import add, numpy_surrogate, split
 
 # Each method with the options its test exercises (spec defaults unless a path needs covering).
 # chunk_size=20 splits the 48 response positions into 3 LM-head blocks, the last one padded.
-CASES = {name: dict(chunk_size=20, **options) for name, options in {
+HEAD = LMHead(chunk_size=20)
+CASES = {name: dict(**options) for name, options in {
     "grpo": dict(kl_coef=1e-3, mode="seq-mean-token-mean"),
     "dapo": {},
     "drgrpo": {},
@@ -33,25 +34,33 @@ VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd")
 
 
 def dense_reference(name, config, dense, batch, state):
-    """The method's loss sum from full logits (``dense``, see conftest) and the dense
-    ops/signals, independent of the chunked path and of ``context_hidden``."""
+    """The method's objective from full logits (``dense``, see conftest) and the dense
+    ops/signals, independent of the chunked path and of ``context_hidden``: every term of these
+    methods is a mean over the same count (tokens, or rows for ``seq-mean-token-mean``), so the
+    objective is the weighted sum of term sums over that count."""
+    total, count = _dense_sum(name, config, dense, batch, state)
+    return float(total) / max(float(count), 1.0)
+
+
+def _dense_sum(name, config, dense, batch, state):
     targets, mask = jnp.asarray(batch["targets"]), jnp.asarray(batch["mask"])
     logits = dense["policy", None]
     teacher_net = "reference" if getattr(config, "teacher", "self") == "reference" else "policy"
     if name in ("opsd", "opsd_pmi", "demopsd"):
         teacher = dense[teacher_net, "teacher"]
+        tokens = float(np.sum(np.asarray(mask) > 0))
         if name == "opsd":
             return distillation_loss(logits, teacher, mask, divergence="jsd", beta=config.beta,
-                                     temperature=config.temperature)[0]
+                                     temperature=config.temperature)[0], tokens
         if name == "opsd_pmi":
             return pmi_loss(teacher, dense[teacher_net, "probe"], dense["reference", None], logits,
-                            mask)[0]
+                            mask)[0], tokens
         ls = log_softmax(logits)
         kl = barycenter_kl_from_logprobs(ls, log_softmax(teacher))
         ratio = np.exp(np.clip(np.asarray(token_logprobs(logits, targets), np.float64)
                                - np.asarray(batch["logp_old"], np.float64), -20, 20))
         w = np.minimum(ratio, config.is_clip)
-        return np.sum(np.where(np.asarray(mask) > 0, w * np.asarray(kl, np.float64), 0.0))
+        return np.sum(np.where(np.asarray(mask) > 0, w * np.asarray(kl, np.float64), 0.0)), tokens
     # GRPO family: the surrogate in float64 NumPy on the dense log-probs.
     logits = logits / config.temperature
     logp = token_logprobs(logits, targets)
@@ -61,17 +70,17 @@ def dense_reference(name, config, dense, batch, state):
         kw.update(mode=config.mode, logp_ref=ref_logp, kl_coef=config.kl_coef)
     if name == "drgrpo":
         kw.update(mode="seq-mean-token-sum-norm", norm=float(targets.shape[1]))
-    pg, _ = numpy_surrogate(logp, batch["logp_old"], batch["advantages"], mask, **kw)
+    pg, count = numpy_surrogate(logp, batch["logp_old"], batch["advantages"], mask, **kw)
     if name == "pcsd":
         teacher = dense[teacher_net, "teacher"] / config.temperature
         aux, _ = persistence_loss(teacher, logits, targets, mask, loss=config.loss)
-        return pg + config.lam * float(aux)
+        return pg + config.lam * float(aux), count
     if name == "craft":
         lt = token_logprobs(dense[teacher_net, "teacher"] / config.temperature, targets)
         aux, _, _ = craft_loss_terms(logp, ref_logp, lt - logp, mask, batch["advantages"],
                                      config.group_size, state)
-        return pg + float(aux)
-    return pg
+        return pg + float(aux), count
+    return pg, count
 
 
 def run(name, models, batch, dense):
@@ -83,13 +92,14 @@ def run(name, models, batch, dense):
     @nnx.jit
     def program(model, reference, batch, state):
         def loss(m, b):
-            return method.loss_fn(m, b, config=config, reference=reference, method_state=state)
+            return method.loss_fn(m, b, config=config, head=HEAD, reference=reference,
+                                  method_state=state)
 
-        def mean(m):
-            total, count, metrics = loss(m, batch)
-            return total / jnp.maximum(count, 1.0), (total, count, metrics)
+        def value(m):
+            out = loss(m, batch)
+            return out.value(), out
 
-        (_, full), grads = nnx.value_and_grad(mean, has_aux=True)(model)
+        (_, full), grads = nnx.value_and_grad(value, has_aux=True)(model)
         halves = add(*(loss(model, b) for b in split(batch)))
         return full, grads, halves
 
@@ -100,10 +110,13 @@ def run(name, models, batch, dense):
 @pytest.mark.parametrize("name", list(CASES))
 def test_method_loss(name, models, batch, dense):
     assert np.asarray(batch["mask"])[0].sum() == 0  # the batch has an all-masked row
-    (total, count, metrics), grads, halves, reference = run(name, models, batch, dense)
+    full, grads, halves, reference = run(name, models, batch, dense)
+    metrics = full.metrics
 
     # Finite loss and gradients w.r.t. every parameter, not all zero.
-    assert np.isfinite(float(total)) and float(count) > 0
+    assert np.isfinite(float(full.value()))
+    for key, t in full.terms.items():
+        assert np.isfinite(float(t.sum)) and float(t.count) > 0, key
     leaves = jax.tree.leaves(nnx.state(grads, nnx.Param))
     assert leaves and all(np.all(np.isfinite(np.asarray(g))) for g in leaves)
     assert sum(float(jnp.sum(jnp.abs(g))) for g in leaves) > 0
@@ -111,16 +124,19 @@ def test_method_loss(name, models, batch, dense):
         assert np.isfinite(float(s)) and np.isfinite(float(c)), key
 
     # Chunked path + target_index alignment == materialised dense logits.
-    np.testing.assert_allclose(float(total), float(reference), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(full.value()), reference, rtol=1e-5, atol=1e-7)
 
     # Micro-batch invariance: whole-group halves add up to the full batch. The decoder's and the
     # LM head's float32 results differ in the last bits between batch sizes and block layouts;
     # a small divergence (a JSD or KL near 0) is a difference of nearly equal log-probs ~ -log V,
     # which amplifies that noise, hence the looser bound for the full-vocabulary losses.
     rtol = 1e-5 if name in VOCAB_LOSSES else 1e-6
-    h_total, h_count, h_metrics = halves
-    np.testing.assert_allclose(float(h_total), float(total), rtol=rtol, atol=1e-6)
-    assert float(h_count) == float(count)
+    h_metrics = halves.metrics
+    assert halves.terms.keys() == full.terms.keys()
+    for key, t in full.terms.items():
+        h = halves.terms[key]
+        np.testing.assert_allclose(float(h.sum), float(t.sum), rtol=rtol, atol=1e-6, err_msg=key)
+        assert float(h.count) == float(t.count), key
     assert h_metrics.keys() == metrics.keys()
     # Metrics include such divergences for every method (``entropy``, ``teacher_kl``, ...).
     for key in metrics:

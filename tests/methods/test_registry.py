@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from hindsight.methods import REGISTRY, ROLLOUTS, get_method
-from hindsight.methods.batch import CONTEXT_NAMES
+from hindsight.batch import CONTEXT_NAMES
 
 NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd"]
 

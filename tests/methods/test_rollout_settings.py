@@ -10,7 +10,7 @@ def test_dapo_overlong_shaping():
     cfg = get_method("dapo").config
     out = dapo.shaped_rewards(jnp.array([1.0, 1.0, 0.0]), jnp.array([100, 18432, 20480]), cfg)
     np.testing.assert_allclose(out, [1.0, 0.5, -1.0])  # spec §1.2 test 4: -0.5 at 18432
-    off = get_method("dapo").make_config(overlong_buffer=None)
+    off = get_method("dapo").make_config(overlong=False)
     np.testing.assert_array_equal(dapo.shaped_rewards(jnp.ones(2), jnp.array([0, 10 ** 6]), off),
                                   [1.0, 1.0])
     with pytest.raises(ValueError, match="lengths"):

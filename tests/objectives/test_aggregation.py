@@ -10,20 +10,62 @@ from .helpers import jitted, pad_rows_cols, random_mask, row_chunks
 NORM = 16.0
 
 
+def trl_dr_grpo(per_token_loss, mask, max_completion_length):
+    """TRL ``GRPOTrainer._compute_loss``, ``loss_type="dr_grpo"`` (trl/trainer/grpo_trainer.py), float64:
+    ``(per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)``."""
+    per_token_loss, mask = np.asarray(per_token_loss, np.float64), np.asarray(mask, np.float64)
+    return (per_token_loss * mask).sum() / (per_token_loss.shape[0] * max_completion_length)
+
+
+def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, loss_scale_factor=None, release="0.7.1"):
+    """verl ``agg_loss`` (verl/trainer/ppo/core_algos.py) in float64, with its defaults ``dp_size=1``,
+    ``batch_num_tokens=None``, ``global_batch_size=None``; ``masked_sum`` selects before multiplying.
+
+    ``release="0.7.0"``: verl up to v0.7.0 and main before PR #5417 (volcengine/verl b178a3cd), where
+    "seq-mean-token-sum-norm" is ``sum(seq_losses) / loss_scale_factor``; ``"0.7.1"`` (v0.7.1 .. v0.9,
+    verl-project/verl 1dda039b): the "seq-mean-token-sum" branch, then ``/= loss_scale_factor``.
+    The other modes are the same in both."""
+    loss_mask = np.asarray(loss_mask, np.float64)
+    loss_mat = np.where(loss_mask > 0, np.asarray(loss_mat, np.float64), 0.0)  # verl_F.masked_sum's where
+    if loss_agg_mode == "token-mean":
+        return (loss_mat * loss_mask).sum() / loss_mask.sum()
+    if loss_agg_mode == "seq-mean-token-sum" or (loss_agg_mode == "seq-mean-token-sum-norm"
+                                                and release == "0.7.1"):
+        seq_losses = (loss_mat * loss_mask).sum(-1)
+        seq_mask = (loss_mask.sum(-1) > 0).astype(np.float64)
+        loss = (seq_losses * seq_mask).sum() / seq_mask.sum()
+        if loss_agg_mode == "seq-mean-token-sum-norm":
+            loss /= loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        return loss
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_mask = loss_mask.sum(-1)
+        seq_losses = (loss_mat * loss_mask).sum(-1) / (seq_mask + 1e-8)
+        seq_mask = (seq_mask > 0).astype(np.float64)
+        return (seq_losses * seq_mask).sum() / seq_mask.sum()
+    assert loss_agg_mode == "seq-mean-token-sum-norm" and release == "0.7.0"
+    seq_losses = (loss_mat * loss_mask).sum(-1)
+    if loss_scale_factor is None:
+        loss_scale_factor = loss_mask.shape[-1]
+    return seq_losses.sum() / loss_scale_factor
+
+
 def reference(x, mask, mode, norm=NORM):
-    """verl ``agg_loss`` in float64, returned as (sum, count)."""
+    """Independent float64 (sum, count). The first three modes are verl ``agg_loss`` (checked against
+    :func:`verl_agg_loss` below); ``seq-mean-token-sum-norm`` is TRL's dr_grpo formula applied to the
+    rows holding >= 1 token (TRL divides by all rows), with ``max_completion_length = norm``."""
     x = np.where(mask > 0, np.asarray(x, np.float64), 0.0)
     m = (mask > 0).astype(np.float64)
     if mode == "token-mean":
         return x.sum(), m.sum()
     tokens = m.sum(-1)
     live = tokens > 0
+    rows = float(live.sum())
+    if mode == "seq-mean-token-sum-norm":
+        return (trl_dr_grpo(x[live], m[live], norm) * rows if rows else 0.0), rows
     row = x.sum(-1)
     if mode == "seq-mean-token-mean":
         row = np.where(live, row / np.maximum(tokens, 1), 0.0)
-    elif mode == "seq-mean-token-sum-norm":
-        row = row / norm
-    return row[live].sum(), float(live.sum())
+    return row[live].sum(), rows
 
 
 def kwargs(mode):
@@ -46,6 +88,42 @@ def test_matches_float64_reference(mode, shape, contiguous):
     np.testing.assert_allclose(finalize(s, c), rs / max(rc, 1), rtol=1e-5, atol=1e-6)
     s_bool, c_bool = agg(jnp.asarray(x), jnp.asarray(mask > 0))
     assert float(s_bool) == float(s) and float(c_bool) == float(c)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_peer_parity_verl_and_trl(mode):
+    """verl agg_loss equals finalize for every mode from verl v0.7.1 on; the norm mode is TRL's dr_grpo
+    (on the rows holding a token) and differs from verl <= v0.7.0, which does not divide by rows."""
+    rng = np.random.default_rng(17)
+    x = rng.normal(size=(6, 9)).astype(np.float32)
+    mask = random_mask(rng, 6, 9, contiguous=False)  # row 0 empty, row 1 one token
+    full = (rng.random((5, 9)) < 0.7).astype(np.float32)
+    full[:, 0] = 1.0  # every row holds a token
+    agg = jitted(aggregate, mode=mode, **kwargs(mode))
+    for msk in (mask, full):
+        s, c = agg(jnp.asarray(x[: len(msk)]), jnp.asarray(msk))
+        ours, rows = float(finalize(s, c)), float((msk.sum(-1) > 0).sum())
+        verl = verl_agg_loss(x[: len(msk)], msk, mode, loss_scale_factor=NORM)
+        np.testing.assert_allclose(ours, verl, rtol=1e-5, atol=1e-6)
+        if mode != "seq-mean-token-sum-norm":
+            continue
+        trl = trl_dr_grpo(x[: len(msk)], msk, NORM)
+        # TRL divides by all rows: equal when every row has a token, rows/B times ours otherwise.
+        np.testing.assert_allclose(ours * rows / len(msk), trl, rtol=1e-5, atol=1e-6)
+        if msk is full:
+            np.testing.assert_allclose(ours, trl, rtol=1e-5, atol=1e-6)
+        # Documented difference: verl <= v0.7.0 does not divide by rows at all (our `sum` alone).
+        old = verl_agg_loss(x[: len(msk)], msk, mode, loss_scale_factor=NORM, release="0.7.0")
+        np.testing.assert_allclose(old, float(s), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(old, ours * rows, rtol=1e-5, atol=1e-6)
+
+
+def test_norm_mode_on_ones_trl_verl_releases():
+    ones = np.ones((4, 8), np.float32)
+    s, c = aggregate(jnp.asarray(ones), jnp.asarray(ones), mode="seq-mean-token-sum-norm", norm=8.0)
+    assert float(finalize(s, c)) == 1.0 == trl_dr_grpo(ones, ones, 8)
+    assert verl_agg_loss(ones, ones, "seq-mean-token-sum-norm", loss_scale_factor=8, release="0.7.0") == 4.0
+    assert verl_agg_loss(ones, ones, "seq-mean-token-sum-norm", loss_scale_factor=8) == 1.0
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -16,6 +16,8 @@ def reference(logp, logp_ref, estimator):
         return lr
     if estimator == "k2":
         return 0.5 * lr ** 2
+    if estimator == "abs":  # verl kl_penalty_forward "abs": (logprob - ref_logprob).abs()
+        return np.abs(lr)
     d = np.clip(-lr, -20, 20)
     return np.clip(np.exp(d) - d - 1, -10, 10)
 
@@ -42,6 +44,22 @@ def test_values_and_gradients_match_reference(shape):
             np.testing.assert_allclose(grad, logp.astype(np.float64) - logp_ref, rtol=1e-5, atol=1e-5)
         elif est == "k1":
             np.testing.assert_allclose(grad, np.ones(shape))
+        elif est == "abs":
+            np.testing.assert_array_equal(grad, np.sign(logp.astype(np.float64) - logp_ref))
+
+
+def test_abs_estimator_masked_and_zero_gradient():
+    logp = jnp.array([[-1.0, -2.0, -0.5, np.nan], [-3.0, -1.0, -4.0, -2.0]])
+    logp_ref = jnp.array([[-1.5, -2.0, 0.5, -1.0], [-1.0, -1.0, -1.0, -1.0]])
+    mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])  # row 1 all masked
+    f = jax.jit(lambda a: kl_penalty(a, logp_ref, mask, estimator="abs"))
+    out = f(logp)
+    expected = np.where(np.asarray(mask) > 0, np.abs(np.nan_to_num(np.asarray(logp, np.float64))
+                                                      - np.asarray(logp_ref, np.float64)), 0.0)
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    grad = jax.jit(jax.grad(lambda a: jnp.sum(f(a))))(logp)
+    # sign(logp - logp_ref), 0 where they are equal (torch's abs) and at every masked position.
+    np.testing.assert_array_equal(grad, [[1.0, 0.0, -1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
 
 
 def test_direction_is_kl_policy_to_reference():

@@ -30,3 +30,10 @@ class ScriptedTask:
 
 def examples(*kinds: str) -> list[Example]:
     return [Example(prompt=f"q{i}?", answer=f"a{i}", data=(k,)) for i, k in enumerate(kinds)]
+
+
+def configured(name, *, group_size=None, temperature=1.0, max_new_tokens=64, **options):
+    """The registry's ``name`` configured for a rollout of ``group_size`` rows per prompt."""
+    from hindsight.methods import RolloutShape, get_method
+    return get_method(name).configure(options, rollout=RolloutShape(
+        group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature))

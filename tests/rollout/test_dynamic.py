@@ -3,22 +3,21 @@ or the cap, overlong shaping in tokens."""
 import jax
 import numpy as np
 
-from hindsight.methods import get_method
 from hindsight.objectives import group_advantages, overlong_penalty
 from hindsight.rollout import RolloutConfig, collect
 from hindsight.sampling import SamplingParams
-from tests.rollout.helpers import ScriptedTask, examples
+from tests.rollout.helpers import ScriptedTask, configured, examples
 
 PARAMS = SamplingParams(max_new_tokens=16)
 KINDS = ("zero", "mixed", "one", "zero", "mixed", "mixed", "mixed", "mixed")
 
 
 def _run(model, tokenizer, **overrides):
-    cfg = get_method("dapo").make_config(**{"max_response_length": 16, "overlong_buffer": 8,
-                                            **overrides})
-    return collect("dapo", model, tokenizer, ScriptedTask(), examples(*KINDS),
-                   key=jax.random.key(2), sampling=PARAMS, config=cfg,
-                   rollout=RolloutConfig(group_size=2, stop_at_eos=False), num_groups=2)
+    method = configured("dapo", group_size=2, max_new_tokens=16,
+                        **{"overlong_buffer": 8, **overrides})
+    return collect(method, model, tokenizer, ScriptedTask(), examples(*KINDS),
+                   key=jax.random.key(2), sampling=PARAMS,
+                   rollout=RolloutConfig(stop_at_eos=False), num_groups=2)
 
 
 def test_refill_until_enough_mixed_groups(model, tokenizer):
@@ -41,5 +40,5 @@ def test_cap_stops_refill_and_fills_with_zero_advantage_groups(model, tokenizer)
     assert (stats.gen_batches, stats.dropped_groups, stats.filled_groups) == (2, 3, 1)
     np.testing.assert_array_equal(batch["advantages"][2:], 0.0)  # the filler ("zero" group 3)
     assert np.abs(batch["advantages"][:2]).min() > 0.5
-    no_shaping = _run(model, tokenizer, overlong_buffer=None)[0]
+    no_shaping = _run(model, tokenizer, overlong=False)[0]
     np.testing.assert_allclose(no_shaping["rewards"], [1, 0, 1, 0])

@@ -4,12 +4,13 @@ scoring the concatenated sequence directly)."""
 import jax
 import numpy as np
 
-from hindsight.methods import check_batch, get_method
+from hindsight.batch import check_batch
+from hindsight.methods import get_method
 from hindsight.objectives import group_advantages
 from hindsight.rollout import RolloutConfig, collect, context_logprobs, probe_context, \
     teacher_context
 from hindsight.sampling import SamplingParams, score_logprobs
-from tests.rollout.helpers import ScriptedTask, examples
+from tests.rollout.helpers import ScriptedTask, configured, examples
 
 PARAMS = SamplingParams(max_new_tokens=16)
 
@@ -17,8 +18,8 @@ PARAMS = SamplingParams(max_new_tokens=16)
 def test_grpo_group_batch_alignment_and_advantages(model, tokenizer):
     task = ScriptedTask()
     exs = examples("mixed", "one")
-    batch, stats = collect("grpo", model, tokenizer, task, exs, key=jax.random.key(0),
-                           sampling=PARAMS, rollout=RolloutConfig(group_size=4))
+    batch, stats = collect(configured("grpo", group_size=4), model, tokenizer, task, exs,
+                           key=jax.random.key(0), sampling=PARAMS)
     b, t = check_batch(batch, method="grpo", fields=("logp_old", "advantages", "rewards"))
     assert (b, t) == (8, 16)
     np.testing.assert_array_equal(batch["rewards"], [1, 0, 1, 0, 1, 1, 1, 1])
@@ -42,10 +43,9 @@ def test_logp_old_is_the_untruncated_policy_at_the_sampling_temperature(model, t
     temperature T on the same weights (ratio exactly 1 before the first update), not the
     truncated distribution's log-prob (larger: truncation renormalises onto fewer tokens)."""
     params = SamplingParams(max_new_tokens=16, temperature=0.7, min_p=0.2, top_k=20)
-    batch, _ = collect("grpo", model, tokenizer, ScriptedTask(), examples("mixed", "one"),
-                       key=jax.random.key(1), sampling=params,
-                       rollout=RolloutConfig(group_size=4),
-                       config=get_method("grpo").make_config(temperature=0.7))
+    batch, _ = collect(configured("grpo", group_size=4, temperature=0.7), model, tokenizer,
+                       ScriptedTask(), examples("mixed", "one"), key=jax.random.key(1),
+                       sampling=params)
     mask = batch["mask"] > 0
     np.testing.assert_allclose(np.where(mask, context_logprobs(model, batch, temperature=0.7), 0),
                                batch["logp_old"], atol=1e-5)
@@ -55,8 +55,8 @@ def test_logp_old_is_the_untruncated_policy_at_the_sampling_temperature(model, t
 
 def test_extra_contexts_match_direct_scoring(model, tokenizer):
     exs = examples("mixed", "zero")
-    batch, _ = collect("opsd_pmi", model, tokenizer, ScriptedTask(), exs,
-                       key=jax.random.key(1), sampling=PARAMS, rollout=RolloutConfig(group_size=2))
+    batch, _ = collect(configured("opsd_pmi", group_size=2), model, tokenizer, ScriptedTask(),
+                       exs, key=jax.random.key(1), sampling=PARAMS)
     method = get_method("opsd_pmi")
     check_batch(batch, method="opsd_pmi", contexts=method.contexts, fields=method.fields)
     lengths = (batch["mask"] > 0).sum(1)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 import hindsight.rollout.hdl as hdl_module
-from hindsight.methods import check_batch, get_method
+from hindsight.batch import check_batch
+from hindsight.methods import get_method
 from hindsight.rollout import (RolloutConfig, Templates, TreeOptions, collect, context_logprobs,
                                tree_advantages, tree_layout)
 from hindsight.sampling import SamplingParams, score_logprobs
-from tests.rollout.helpers import ScriptedTask, examples
+from tests.rollout.helpers import ScriptedTask, configured, examples
 
 SHORT = Templates(reflection="{feedback}|reflect",
                   hindsight="{question}|{feedback}|{reflection}|solve")
@@ -37,11 +38,11 @@ def fake_scores(model, contexts, responses, **kw):
 
 def test_tree_branches_at_peaks_with_suffix_masks(model, tokenizer, monkeypatch):
     monkeypatch.setattr(hdl_module, "score_logprobs", fake_scores)
-    method = dataclasses.replace(get_method("hdl"), contexts=("hindsight",))
+    method = dataclasses.replace(configured("hdl"), contexts=("hindsight",))
     exs = examples("mixed", "zero")
     batch, stats = collect(method, model, tokenizer, ScriptedTask(), exs, key=jax.random.key(3),
                            sampling=SamplingParams(max_new_tokens=48),
-                           rollout=RolloutConfig(group_size=None, stop_at_eos=False, tree=TREE))
+                           rollout=RolloutConfig(stop_at_eos=False, tree=TREE))
     b, t = check_batch(batch, method="hdl", contexts=("hindsight",), fields=method.fields)
     assert (b, t) == (32, 48)
     assert stats.branch_positions == [EXPECT, EXPECT]
@@ -86,11 +87,12 @@ def test_tree_branches_at_peaks_with_suffix_masks(model, tokenizer, monkeypatch)
 
 
 def test_short_roots_fall_back_and_keep_16_rows(model, tokenizer):
-    cfg = get_method("hdl").make_config(baseline="node")
+    method = configured("hdl", baseline="node")
+    cfg = method.config
     exs = examples("mixed")
-    batch, stats = collect("hdl", model, tokenizer, ScriptedTask(), exs, key=jax.random.key(4),
-                           sampling=SamplingParams(max_new_tokens=2), config=cfg,
-                           rollout=RolloutConfig(group_size=None, stop_at_eos=False, tree=TREE))
+    batch, stats = collect(method, model, tokenizer, ScriptedTask(), exs, key=jax.random.key(4),
+                           sampling=SamplingParams(max_new_tokens=2),
+                           rollout=RolloutConfig(stop_at_eos=False, tree=TREE))
     assert batch["targets"].shape == (16, 2)
     # a 2-token root has one branchable position (1): 4 continuations there, 3 fresh rollouts
     assert stats.branch_positions == [[[1, -1], [1, -1]]]
@@ -121,8 +123,7 @@ def test_reflection_cap_defaults_to_an_eighth_of_the_response_cap():
 
 def test_default_tree_reflections_stay_under_the_cap(model, tokenizer):
     exs = examples("mixed")
-    _, stats = collect("hdl", model, tokenizer, ScriptedTask(), exs, key=jax.random.key(5),
-                       sampling=SamplingParams(max_new_tokens=96),
-                       rollout=RolloutConfig(group_size=None, stop_at_eos=False,
-                                             tree=TreeOptions(templates=SHORT)))
+    _, stats = collect(configured("hdl"), model, tokenizer, ScriptedTask(), exs,
+                       key=jax.random.key(5), sampling=SamplingParams(max_new_tokens=96),
+                       rollout=RolloutConfig(stop_at_eos=False, tree=TreeOptions(templates=SHORT)))
     assert 2 <= stats.reflection_tokens[0] <= 2 * 12  # two reflections of at most 96 // 8

@@ -3,6 +3,7 @@ import jax
 import numpy as np
 import pytest
 
+from hindsight.methods import RolloutShape, get_method
 from hindsight.rollout import RolloutConfig, TreeOptions, collect, context_logprobs
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import get_task
@@ -19,9 +20,10 @@ def test_hdl_tree_on_smollm2(smollm2):
     model, tok = smollm2
     task = get_task("arithmetic", style="reasoning")
     exs = task.examples(split="train", count=1, seed=0)
-    batch, stats = collect("hdl", model, tok, task, exs, key=jax.random.key(0),
+    hdl = get_method("hdl").configure(rollout=RolloutShape(max_new_tokens=48))
+    batch, stats = collect(hdl, model, tok, task, exs, key=jax.random.key(0),
                            sampling=SamplingParams(max_new_tokens=48),
-                           rollout=RolloutConfig(group_size=None, tree=TreeOptions(
+                           rollout=RolloutConfig(tree=TreeOptions(
                                reflection_max_tokens=24, hindsight_reflection_tokens=24)))
     assert batch["targets"].shape == (16, 48)
     mask = batch["mask"] > 0

@@ -9,7 +9,7 @@ from flax import nnx
 import hindsight as hs
 from hindsight.models.config import ModelConfig
 from hindsight.models.decoder import Decoder
-from hindsight.objectives import aggregate, group_advantages, policy_loss
+from hindsight.objectives import Loss, Term, aggregate, group_advantages, policy_loss, term
 
 VOCAB, SEQ, PROMPT, GROUP = 64, 12, 4, 4
 
@@ -49,8 +49,10 @@ def model_rules(mesh):
 
 
 def grpo_loss(model, batch, *, mode: str = "token-mean", norm: float | None = None,
-              kl_coef: float = 0.0, reference=None):
-    """GRPO loss on a teacher-forced batch: ``(sum, count, metrics)``.
+              kl_coef: float = 0.0, reference=None, aux_weight: float = 0.0):
+    """GRPO loss on a teacher-forced batch: terms ``policy`` (and ``aux``: the mean response
+    entropy per row, a term whose count is the number of rows, so the step must divide two terms
+    by different counts).
 
     batch: ``tokens``/``positions``/``mask`` ``[B, S]`` (mask = 1 on response tokens),
     ``logp_old`` ``[B, S-1]``, ``advantages`` ``[B]``.
@@ -66,8 +68,12 @@ def grpo_loss(model, batch, *, mode: str = "token-mean", norm: float | None = No
         logp_ref = hs.ops.token_logprobs(ref_logits[:, :-1], targets)
     total, count, metrics = policy_loss(logp, batch["logp_old"], batch["advantages"], mask,
                                         mode=mode, norm=norm, logp_ref=logp_ref, kl_coef=kl_coef)
-    metrics["entropy"] = aggregate(jax.lax.stop_gradient(hs.ops.entropy(logits)), mask)
-    return total, count, metrics
+    entropy = hs.ops.entropy(logits)
+    metrics["entropy"] = aggregate(jax.lax.stop_gradient(entropy), mask)
+    terms = {"policy": Term(total, count, mode=mode)}
+    if aux_weight:
+        terms["aux"] = term(entropy, mask, mode="seq-mean-token-mean", weight=aux_weight)
+    return Loss(terms, metrics)
 
 
 def make_batch(batch_size: int, *, seed: int = 0, seq: int = SEQ, vocab: int = VOCAB) -> dict:

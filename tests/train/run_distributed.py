@@ -29,9 +29,8 @@ def main():
     table = make_batch(len(RECORDS), seed=TABLE_SEED)
     local = rows_for(next(ht.make_data_iterator(DATA, RECORDS)), table)  # this process's 8 rows
     assert local["tokens"].shape[0] == 8
-    batch = ht.shard_batch(local, mesh)
-    grads, metrics = step.grads(state, batch)
-    state, _ = step(state, batch)
+    grads, metrics = step.grads(state, local)
+    state, _ = step(state, local)
     # Parameters span both processes' devices: gather them to host on every process.
     grads, params = multihost_utils.process_allgather((grads, state.params), tiled=True)
     if pid == 0:

@@ -43,7 +43,7 @@ def setup(mesh_name, model):
         model, tx, mesh=mesh, rules=model_rules(mesh), seed=11, reference=STEP.reference,
         method_state=METHOD_STATE)
     step = ht.make_train_step(loss_fn, model_def=model_def, optimizer=tx, mesh=mesh,
-                              shardings=shardings, config=STEP, method_update=method_update)
+                              shardings=shardings, config=STEP)
     abstract = ht.abstract_train_state(state.params, tx, reference=STEP.reference,
                                        method_state=METHOD_STATE)
     return mesh, state, shardings, step, abstract
@@ -53,8 +53,9 @@ def train(state, step, mesh, it, ckpt, first, last, out):
     for s in range(first, last):
         if ckpt is not None and ckpt.save(s, state, data_iterator=it, meta={"step": s}):
             out["mid"] = flat(state)
-        batch = ht.shard_batch(rows_for(next(it), TABLE), mesh)
-        state, metrics = step(state, batch)
+        state, metrics = step(state, rows_for(next(it), TABLE))
+        # What the loop does at a step boundary: the method state follows the step's metrics.
+        state = state.replace(method_state=method_update(state.method_state, metrics))
         out.setdefault("losses", []).append(float(metrics["loss"]))
     out["final"] = flat(state)
     return state

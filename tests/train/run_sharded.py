@@ -18,14 +18,13 @@ MESHES = {"single": ht.MeshConfig(data=1), "d2f2t2": ht.MeshConfig(data=2, fsdp=
 def run(mesh_cfg, model, batch, *, devices):
     mesh = ht.make_mesh(mesh_cfg, devices=devices)
     state, step = sgd_step(model, mesh)
-    global_batch = ht.shard_batch(batch, mesh)
-    grads, metrics = step.grads(state, global_batch)
+    grads, metrics = step.grads(state, batch)
     spec = state.params["layers"]["attn"]["q_proj"]["kernel"].sharding.spec
     # The optimizer's copy of q_proj (SGD momentum) is sharded like the parameter.
     opt_specs = {str(x.sharding.spec) for p, x in jax.tree_util.tree_flatten_with_path(
         state.opt_state)[0] if path_str(p).endswith("layers/attn/q_proj/kernel")}
     assert opt_specs == {str(spec)}, (opt_specs, spec)
-    state, step_metrics = step(state, global_batch)
+    state, step_metrics = step(state, batch)
     return (float(metrics["loss"]), flat(grads), flat(state.params),
             {k: float(v) for k, v in step_metrics.items()}, str(spec))
 

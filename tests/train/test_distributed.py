@@ -44,7 +44,7 @@ def test_two_processes_match_single_process(tmp_path):
     mesh = ht.make_mesh(ht.MeshConfig(data=1))
     state, step = sgd_step(build_model(0), mesh)
     table = make_batch(len(RECORDS), seed=TABLE_SEED)
-    batch = ht.shard_batch(rows_for(next(ht.make_data_iterator(DATA, RECORDS)), table), mesh)
+    batch = rows_for(next(ht.make_data_iterator(DATA, RECORDS)), table)
     grads, metrics = step.grads(state, batch)
     state, _ = step(state, batch)
 

@@ -16,7 +16,7 @@ import pytest
 from hindsight.methods import REGISTRY
 from hindsight.methods.testing import char_model
 from hindsight.tasks import Example, Verdict, register, task_names
-from hindsight.train.experiment import ConfigError, experiment_config
+from hindsight.train.experiment import ConfigError, resolve
 from hindsight.train.loop import run
 from hindsight.train.state import split_model
 
@@ -121,24 +121,25 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path):
 
 def test_bad_configs_fail_before_loading(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.lrr"):
-        experiment_config({"method": "grpo", "train": {"lrr": 1.0}})
+        resolve({"method": "grpo", "train": {"lrr": 1.0}})
     with pytest.raises(ConfigError, match="unknown method 'nope'"):
-        experiment_config({"method": "nope"})
+        resolve({"method": "nope"})
     with pytest.raises(ConfigError, match="unknown task 'nope'"):
-        experiment_config({"method": "grpo", "task": {"name": "nope"}})
+        resolve({"method": "grpo", "task": {"name": "nope"}})
     with pytest.raises(ConfigError, match="no option"):
-        experiment_config({"method": "grpo", "method_config": {"lamda": 1.0}})
+        resolve({"method": "grpo", "method_config": {"lamda": 1.0}})
     with pytest.raises(ConfigError, match="rollout.group_size"):
-        experiment_config({"method": "hdl", "rollout": {"group_size": 8}})
+        resolve({"method": "hdl", "rollout": {"group_size": 8}})
     with pytest.raises(ConfigError, match="differs from rollout.group_size"):
-        experiment_config({"method": "craft", "rollout": {"group_size": 4}})
+        resolve({"method": "craft", "rollout": {"group_size": 4},
+                 "method_config": {"group_size": 8}})
 
 
 def test_foreign_run_directory_is_refused(tmp_path):
     workdir = str(tmp_path / "run")
     os.makedirs(workdir)
     with open(os.path.join(workdir, "config.json"), "w") as f:
-        json.dump(experiment_config(tiny_config("grpo")).to_dict(), f)
+        json.dump(resolve(tiny_config("grpo")).config.to_dict(), f)
     with pytest.raises(ConfigError, match=r"another config.*'method'"):
         run(tiny_config("hdl"), workdir, progress=False)
     with pytest.raises(ConfigError, match=r"train\.optim\.learning_rate"):
@@ -151,5 +152,5 @@ def test_foreign_run_directory_is_refused(tmp_path):
 @pytest.mark.parametrize("variant", ["tiny", "demo", "smollm2-reverse", "smollm2-sort_numbers"])
 def test_config_files_are_valid(method, variant):
     config = importlib.import_module(f"configs.{method}").get_config(variant)
-    exp = experiment_config(config)
+    exp = resolve(config).config
     assert exp.method == method

@@ -1,4 +1,5 @@
-"""Gradient accumulation is exact: 4 micro-batches of B/4 rows == one batch of B rows."""
+"""Gradient accumulation is exact: 4 micro-batches of B/4 rows == one batch of B rows, for a
+loss of two named terms divided by different counts (tokens, rows)."""
 import jax
 import numpy as np
 import pytest
@@ -9,21 +10,22 @@ from tests.train.helpers import TinyMLPLM, build_model, flat, grpo_loss, make_ba
 MODES = ("token-mean", "seq-mean-token-mean")
 
 
-def _subsampled_loss(model, batch, *, rng, mode):
+def _subsampled_loss(model, batch, *, rng, mode, aux_weight):
     """GRPO on a random 80 % of each row's tokens, drawn from the row's own key."""
     keep = jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, batch["mask"].shape[1:]))(rng)
-    return grpo_loss(model, dict(batch, mask=batch["mask"] * keep), mode=mode)
+    return grpo_loss(model, dict(batch, mask=batch["mask"] * keep), mode=mode, aux_weight=aux_weight)
 
 
 def _compare(model, mode, loss_fn=grpo_loss):
     mesh = ht.make_mesh(ht.MeshConfig())
-    batch = ht.shard_batch(make_batch(16, seed=2), mesh)
+    batch = make_batch(16, seed=2)
     tx = ht.make_optimizer(ht.OptimConfig(name="sgd", learning_rate=1.0, max_grad_norm=None))
     out = {}
     for m in (1, 4):
         state, shardings, model_def = ht.create_train_state(model, tx, mesh=mesh)
         step = ht.make_train_step(loss_fn, model_def=model_def, optimizer=tx, mesh=mesh,
-                                  shardings=shardings, loss_kwargs={"mode": mode},
+                                  shardings=shardings,
+                                  loss_kwargs={"mode": mode, "aux_weight": 0.1},
                                   config=ht.StepConfig(batch_size=16, num_microbatches=m))
         grads, metrics = step.grads(state, batch)
         state, _ = step(state, batch)
@@ -41,7 +43,9 @@ def test_microbatched_equals_full_batch_tiny_mlp(mode):
     m = _compare(TinyMLPLM(), mode)
     mask = make_batch(16, seed=2)["mask"][:, 1:]
     rows_with_tokens = (mask.sum(1) > 0).sum()
-    assert m["count"] == (mask.sum() if mode == "token-mean" else rows_with_tokens)
+    assert m["count/policy"] == (mask.sum() if mode == "token-mean" else rows_with_tokens)
+    assert m["count/aux"] == rows_with_tokens and m["weight/aux"] == np.float32(0.1)
+    np.testing.assert_allclose(m["loss"], m["loss/policy"] + 0.1 * m["loss/aux"], rtol=1e-6)
 
 
 def test_per_row_rng_does_not_depend_on_the_split():

@@ -8,7 +8,7 @@ from tests.train.helpers import run_script
 @pytest.mark.slow
 def test_sharded_step_matches_single_device():
     out = run_script("tests.train.run_sharded", num_devices=8, timeout=600)
-    assert out["metrics"]["count"] > 0 and out["metrics"]["clip_high_frac"] >= 0
+    assert out["metrics"]["count/policy"] > 0 and out["metrics"]["clip_high_frac"] >= 0
     for name in ("d2f2t2", "d8"):
         r = out[name]
         assert r["loss_rel"] < 1e-5, (name, r)

@@ -1,4 +1,4 @@
-"""Train step extras: EMA reference, method state, reported metrics, gradient of the token mean."""
+"""Train step extras: EMA reference, method state, reported metrics, the row layout."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -22,19 +22,21 @@ def test_ema_reference_method_state_and_metrics():
     step = ht.make_train_step(
         loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
         config=ht.StepConfig(batch_size=8, num_microbatches=2, reference="ema", ema_decay=0.75),
-        schedule=ht.make_schedule(optim), max_grad_norm=optim.max_grad_norm,
-        method_update=lambda ms, m: {"calls": ms["calls"] + 1.0 + 0.0 * m["loss"]})
-    batch = ht.shard_batch(make_batch(8, seed=4), mesh)
+        schedule=ht.make_schedule(optim), max_grad_norm=optim.max_grad_norm)
+    batch = make_batch(8, seed=4)
     ref0 = flat(state.reference)
     params = []
     for _ in range(2):
         state, metrics = step(state, batch)
         params.append(flat(state.params))
     assert seen and seen[0] == ["calls"]
-    assert float(state.method_state["calls"]) == 2.0 and int(state.step) == 2
+    # The step passes the method state to the loss and keeps it: it is updated by the loop, at
+    # rollout boundaries.
+    assert float(state.method_state["calls"]) == 0.0 and int(state.step) == 2
     # Second update: lr = 0.1 * (1 - 0/4) after one warm-up step; kl reported (ema != params).
     np.testing.assert_allclose(float(metrics["learning_rate"]), 0.1, rtol=1e-6)
-    for key in ("loss", "count", "grad_norm", "grad_clipped", "kl", "entropy", "clip_low_frac"):
+    for key in ("loss", "loss/policy", "count/policy", "weight/policy", "grad_norm",
+                "grad_clipped", "kl", "entropy", "clip_low_frac"):
         assert key in metrics and np.isfinite(float(metrics[key])), key
     # EMA after two steps: r2 = d^2 r0 + d (1 - d) p1 + (1 - d) p2.
     ref2, (p1, p2), d = flat(state.reference), params, 0.75
@@ -54,9 +56,28 @@ def test_reference_mismatch_is_rejected():
                            config=ht.StepConfig(batch_size=8, reference="frozen"))
 
 
-def test_split_microbatches_keeps_rows_on_their_shard():
-    rows = jnp.arange(16)
-    micro = np.asarray(ht.split_microbatches(rows, 2, 4))
-    # Shard s holds rows [4s, 4s+4); micro-batch m takes rows 4s+2m, 4s+2m+1 of every shard.
-    np.testing.assert_array_equal(micro, [[0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15]])
-    np.testing.assert_array_equal(np.asarray(ht.split_microbatches(rows, 4, 1)).ravel(), rows)
+def test_shard_batch_cuts_contiguous_microbatches():
+    mesh = ht.make_mesh(ht.MeshConfig())
+    micro = np.asarray(ht.shard_batch({"r": np.arange(16)}, mesh, num_microbatches=4)["r"])
+    # One process: micro-batch m is rows [4m, 4m + 4), so groups of 4 stay whole.
+    np.testing.assert_array_equal(micro, np.arange(16).reshape(4, 4))
+
+
+@pytest.mark.parametrize("rows, micro, mini, group, shards, procs, couples, match", [
+    (32, 4, 2, 8, 1, 1, True, "couples the rows of a group"),   # 4-row micro-batches < G
+    (32, 4, 2, 8, 8, 1, False, r"pieces"),                      # 16 rows over 4 x 8
+    (24, 1, 2, 8, 1, 1, False, "mini-batches of whole groups"),  # 3 groups into 2
+    (16, 1, 1, 8, 1, 4, False, "mini-batches of whole groups"),  # 2 groups over 4 processes
+])
+def test_check_layout_refuses_split_groups(rows, micro, mini, group, shards, procs, couples,
+                                           match):
+    with pytest.raises(ValueError, match=match) as e:
+        ht.check_layout(batch_size=rows, num_microbatches=micro, group_size=group,
+                        ppo_minibatches=mini, mesh_shape={"data": shards, "fsdp": 1, "tensor": 1},
+                        process_count=procs, couples_rows=couples)
+    for part in (f"group_size={group}", f"train.num_microbatches={micro}",
+                 f"train.ppo_minibatches={mini}", f"data={shards}"):
+        assert part in str(e.value), part
+    # A layout whose groups span devices but not micro-batches is fine (XLA moves the rows).
+    ht.check_layout(batch_size=32, num_microbatches=2, group_size=8, ppo_minibatches=2,
+                    mesh_shape={"data": 8, "fsdp": 1, "tensor": 1}, couples_rows=True)
