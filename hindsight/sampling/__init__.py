@@ -2,8 +2,9 @@
 teacher-forced scoring under other contexts.
 
 Layers: `params` / `truncation` (what is sampled), `decode` (the jitted prefill + ``while_loop``),
-`rollouts` (`generate`: groups), `branch` (continue finished rows from a position), `engine`
-(continuous batching of prompts and branches in a fixed slot batch), `score` (teacher forcing),
+`engine` (the one sampler: continuous batching of prompts, branches and follow-up turns in a fixed
+slot batch; its result type `Rollouts`), `rollouts` (`generate`: groups) and `branch` (continue
+finished rows from a position), each one engine run to completion, `score` (teacher forcing),
 `text` (strings in, strings out), `buckets` (the compiled shapes).
 """
 from hindsight.sampling.params import SamplingParams

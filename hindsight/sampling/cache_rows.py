@@ -16,9 +16,10 @@ import numpy as np
 from hindsight.sampling.buckets import pow2_bucket
 
 
-def batch_axes(model, max_len: int, dtype):
-    """Pytree (same structure as the cache) of each leaf's batch axis, ``-1`` when it has none."""
-    one = jax.eval_shape(lambda: model.init_cache(1, max_len, dtype=dtype))
+def batch_axes(model, max_len: int, dtype, *, abstract=None):
+    """Pytree (same structure as the cache) of each leaf's batch axis, ``-1`` when it has none
+    (``abstract``: ``model.init_cache(1, ...)``'s shapes, if already evaluated)."""
+    one = abstract if abstract is not None else jax.eval_shape(lambda: model.init_cache(1, max_len, dtype=dtype))
     two = jax.eval_shape(lambda: model.init_cache(2, max_len, dtype=dtype))
 
     def axis(a, b):
@@ -52,10 +53,11 @@ def _move_rows(dst, dst_rows, src, src_rows, *, axes):
 
 
 class _Axes:
-    """Hashable wrapper of the batch-axes pytree (a static jit argument)."""
+    """Hashable wrapper of the batch-axes pytree (a static jit argument); ``dtypes`` lists the
+    cache leaves' dtypes (not part of the key)."""
 
-    def __init__(self, tree):
-        self.tree = tree
+    def __init__(self, tree, dtypes=()):
+        self.tree, self.dtypes = tree, list(dtypes)
         self._key = (jax.tree.structure(tree), tuple(jax.tree.leaves(tree)))
 
     def __hash__(self):
@@ -66,7 +68,8 @@ class _Axes:
 
 
 def static_axes(model, max_len: int, dtype) -> _Axes:
-    return _Axes(batch_axes(model, max_len, dtype))
+    one = jax.eval_shape(lambda: model.init_cache(1, max_len, dtype=dtype))
+    return _Axes(batch_axes(model, max_len, dtype, abstract=one), [x.dtype for x in jax.tree.leaves(one)])
 
 
 def _padded(rows, size: int) -> np.ndarray:

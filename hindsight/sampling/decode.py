@@ -1,8 +1,8 @@
-"""The jitted core: prefill a cache, then decode a slot batch with a ``lax.while_loop``.
+"""The jitted core of the engine: prefill a cache, then decode a slot batch with a ``lax.while_loop``.
 
-Row convention (shared by generation, group fan-out, branching and the engine): a row is described
-by ``(last, pos)``, the token at absolute position ``pos`` that has *not yet been fed*; its K/V for
-positions ``< pos`` are in the cache. One decode step feeds ``last`` at ``pos`` (writing slot
+Row convention (shared by prompts, their group fan-out, branches and follow-up turns): a row is
+described by ``(last, pos)``, the token at absolute position ``pos`` that has *not yet been fed*;
+its K/V for positions ``< pos`` are in the cache. One decode step feeds ``last`` at ``pos`` (writing slot
 ``pos``), samples the token for ``pos + 1`` with key ``fold_in(row_key, pos + 1)`` and moves on.
 Hence:
 
@@ -129,10 +129,11 @@ def extend(graphdef, weights, cache, tokens: jax.Array, positions: jax.Array):
     return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True)[1]
 
 
-def split_model(model, *, decode: bool = False):
+def graph_and_weights(model, *, unroll: bool = False):
     """``(graphdef, weights)`` of an NNX model: the weights travel as a traced argument, so the jitted
     functions compile once per architecture and batch shape, not once per weight update.
 
-    ``decode=True`` (the token-by-token loops) splits :func:`hindsight.models.decoder.unrolled`
-    instead: a layer scan costs a copy of each layer's weights per decode step on CPU."""
-    return nnx.split(unrolled(model) if decode and isinstance(model, Decoder) else model)
+    ``unroll=True`` (the token-by-token decode loop) splits
+    :func:`hindsight.models.decoder.unrolled` instead: a layer scan costs a copy of each layer's
+    weights per decode step on CPU."""
+    return nnx.split(unrolled(model) if unroll and isinstance(model, Decoder) else model)

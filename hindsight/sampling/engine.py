@@ -1,18 +1,23 @@
-"""Continuous batching: a fixed slot batch decoded in jitted chunks, refilled between chunks.
+"""The sampler: a fixed slot batch decoded in jitted chunks, refilled between chunks.
 
-Rows decode with their own positions, so any mix of work shares one batch: the G rows of a prompt
-(prefilled once, then copied into G slots), branch continuations of earlier results (their cache
-rows copied from the result, no prefix recomputation), and follow-up turns after a finished result
-(its cache rows copied, only the new turn computed: ``submit_extend``). A host-side scheduler runs
-between chunks of ``chunk_steps`` decode steps: it harvests finished rows, completes requests whose
-rows are all done, and refills free slots from the queue (branches and follow-ups first, so that
-trees finish and free their caches early; then prompts in submission order). This turns the tokens
-an HDL tree saves into saved wall-clock: continuations of prompt k share the batch with the roots of
-prompt k+1 instead of running as a half-empty lock-step batch as long as their earliest branch.
+Every sampling call runs here. Rows decode with their own positions, so any mix of work shares one
+batch: the G rows of a prompt (prefilled once, then copied into G slots), branch continuations of
+earlier results (their cache rows copied from the result, no prefix recomputation), and follow-up
+turns after a finished result (its cache rows copied, only the new turn computed:
+``submit_extend``). A host-side scheduler runs between chunks of ``chunk_steps`` decode steps: it
+harvests finished rows, completes requests whose rows are all done, and refills free slots from the
+queue (branches and follow-ups first, so that trees finish and free their caches early; then
+prompts in submission order). This turns the tokens an HDL tree saves into saved wall-clock:
+continuations of prompt k share the batch with the roots of prompt k+1 instead of running as a
+half-empty lock-step batch as long as their earliest branch.
+
+:func:`hindsight.sampling.generate` and :func:`hindsight.sampling.branch` are one engine each, sized
+to hold their rows and run to completion in one chunk (one ``while_loop`` dispatch); their result
+takes over the slot batch's cache rather than copying it.
 
 Compiles: one decode chunk per (slots, max_len, params), one prefill per (prompt batch bucket,
 prompt length bucket), one extension per (rows bucket, turn length bucket), one row move per
-(rows-moved bucket, source batch).
+(rows-moved bucket, source batch), one gather of a fresh slot batch per source batch.
 """
 from __future__ import annotations
 
@@ -26,11 +31,85 @@ import jax.numpy as jnp
 import numpy as np
 
 from hindsight.sampling import cache_rows, inputs
-from hindsight.sampling.branch import branch_requests
 from hindsight.sampling.buckets import pow2_bucket, prompt_bucket
-from hindsight.sampling.decode import DecodeState, decode_steps, extend, prefill, split_model
+from hindsight.sampling.decode import DecodeState, decode_steps, extend, graph_and_weights, prefill
 from hindsight.sampling.params import SamplingParams
-from hindsight.sampling.rollouts import Rollouts, collect
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollouts:
+    """Sampled responses of B rows (rows of a group are contiguous), host-side numpy plus the device
+    decode state for branching.
+
+    Attributes:
+      tokens: ``[B,T]`` int32 response tokens (0 after the length), T = the call's max new tokens.
+      mask: ``[B,T]`` bool, True on real response tokens (the stop token included).
+      lengths: ``[B]`` int32 response lengths.
+      logprobs: ``[B,T]`` f32 log-probs under the sampled (temperature + truncation) distribution
+        (0 where masked; 0 everywhere for greedy).
+      policy_logprobs: ``[B,T]`` f32 untruncated log-probs at the sampling temperature (0 where masked).
+      prompt_lengths: ``[B]`` int32.
+      stopped: ``[B]`` bool, the row ended on a stop token (else it hit its max new tokens).
+      branch_positions: ``[B]`` int32, first response position this call sampled (0 for fresh rows;
+        for a branch, the resampled position: positions before it are the parent's tokens, so an
+        HDL loss mask is ``mask & (t >= branch_positions[:, None])``).
+      parents: ``[B]`` int32, the source row of a branch in the parent `Rollouts`, -1 for fresh rows.
+      max_new_tokens: ``[B]`` int32 per-row cap the rows were sampled with.
+      keys: ``[B]`` typed PRNG keys, one per row.
+      params: the `SamplingParams` used.
+      state: device `DecodeState` (rows ``>= B`` are bucket padding; ``cache`` is None unless the
+        result was kept for branching).
+      cache_dtype: the KV-cache dtype the rows were sampled with (None: the model's compute dtype).
+    """
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    lengths: np.ndarray
+    logprobs: np.ndarray
+    policy_logprobs: np.ndarray
+    prompt_lengths: np.ndarray
+    stopped: np.ndarray
+    branch_positions: np.ndarray
+    parents: np.ndarray
+    max_new_tokens: np.ndarray
+    keys: jax.Array
+    params: SamplingParams
+    state: DecodeState = dataclasses.field(repr=False)
+    cache_dtype: object = dataclasses.field(default=None, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def sequence(self, row: int) -> np.ndarray:
+        """Prompt + response token ids of ``row``."""
+        end = int(self.prompt_lengths[row] + self.lengths[row])
+        return np.asarray(jax.device_get(self.state.tokens[row, :end]))
+
+    def prompt(self, row: int) -> np.ndarray:
+        return np.asarray(jax.device_get(self.state.tokens[row, : int(self.prompt_lengths[row])]))
+
+
+def branch_requests(rollouts: Rollouts, rows, positions, counts=1):
+    """Validate and expand ``(row, position, count)`` requests into one entry per new row.
+
+    Returns ``(src_rows [N], positions [N])`` int32. Raises ValueError on a row outside
+    ``[0, B)``, a position outside ``[0, length)`` of its row, or a count < 1.
+    """
+    rows = inputs.row_indices("rows", rows, rollouts.num_rows)
+    positions = np.atleast_1d(np.asarray(positions))
+    if rows.shape != positions.shape:
+        raise ValueError(f"`rows` and `positions` must be 1-D of equal length, got {rows.shape} and {positions.shape}")
+    if not np.issubdtype(positions.dtype, np.integer):
+        raise TypeError("`positions` must be integers")
+    counts = inputs.per_row_ints("counts", counts, rows.size, minimum=1)
+    lengths = rollouts.lengths[rows]
+    bad = np.nonzero((positions < 0) | (positions >= lengths))[0]
+    if bad.size:
+        i = bad[0]
+        raise ValueError(f"branch position {positions[i]} is outside the response of row {rows[i]} "
+                         f"(length {lengths[i]}; valid positions are 0..{lengths[i] - 1})")
+    return np.repeat(rows, counts).astype(np.int32), np.repeat(positions, counts).astype(np.int32)
 
 
 @dataclasses.dataclass
@@ -49,22 +128,27 @@ class _Request:
     parents: np.ndarray
     branch_positions: np.ndarray
     keep_cache: bool
-    source: tuple | None = None  # (device cache, [n] source rows) once known
-    prompt: list | None = None   # the prompt, for requests that still need a prefill
+    caches: list | None = None             # the caches the rows' prefix K/V are copied from, once known
+    cache_of: np.ndarray | None = None     # [n] each row's index into ``caches``
+    source_rows: np.ndarray | None = None  # [n] each row's row in its cache
+    prompts: list | None = None            # the distinct prompts still to prefill
+    prompt_of: np.ndarray | None = None    # [n] each row's index into ``prompts``
     placed: int = 0
     done: int = 0
     out_seq: np.ndarray | None = None
     out_lp: np.ndarray | None = None
     out_plp: np.ndarray | None = None
     out_pos: np.ndarray | None = None
-    archive: object = None
+    archive: object = None      # the rows' kept cache, copied out of the slot batch
+    final: DecodeState | None = None  # or the whole final slot batch, taken over
 
 
 class Engine:
     """Continuous-batching sampler over one model and one `SamplingParams`.
 
     Args:
-      model: NNX decoder (see `generate`).
+      model: NNX decoder obeying ``model(tokens, positions, *, cache, return_hidden)`` and
+        ``model.init_cache(batch, max_len, *, dtype)``.
       params: sampling parameters shared by all requests (static: compiled once).
       slots: rows decoded together (bucketed to a power of two).
       max_len: cache length of every slot; prompt + max new tokens must fit.
@@ -91,7 +175,7 @@ class Engine:
         self.refill_at = max(1, self.slots // 8) if refill_at is None else int(refill_at)
         self.cache_dtype = cache_dtype
         self.axes = cache_rows.static_axes(model, self.max_len, cache_dtype)
-        self.graphdef, self.weights = split_model(model, decode=True)
+        self.graphdef, self.weights = graph_and_weights(model, unroll=True)
         self._next_id = 0
         self._prompts: collections.deque[_Request] = collections.deque()
         self._branches: collections.deque[_Request] = collections.deque()
@@ -118,35 +202,60 @@ class Engine:
         if seq.size + max_new.max() > self.max_len:
             raise ValueError(f"prompt ({seq.size} tokens) plus max_new_tokens ({max_new.max()}) exceeds the "
                              f"engine's max_len={self.max_len}")
-        seqs = inputs.pad_rows([seq] * n, rows=n, width=self.max_len)
-        plen = np.full(n, seq.size, np.int32)
-        req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, key=key,
-                            row_keys=row_keys, stop_tokens=stop_tokens, keep_cache=keep_cache)
-        req.prompt = seq
+        keys = inputs.row_keys(key, row_keys, n)
+        stops = inputs.stop_table(stop_tokens, n, default=self.params.stop_tokens, vocab_size=self.vocab)
+        return self._submit_prompts([seq], n, max_new=max_new, keys=keys, stops=stops,
+                                    keep_cache=keep_cache, tag=tag)
+
+    def _submit_prompts(self, seqs, num_samples: int, *, max_new, keys, stops, keep_cache, tag=None) -> int:
+        """Queue one request of ``num_samples`` rows per prompt of ``seqs`` (validated int32 arrays
+        that fit with their ``max_new [P*G]``; ``keys [P*G]`` typed, ``stops [P*G, K]``); rows
+        ``[p*G, (p+1)*G)`` are prompt p's, each prompt prefilled once. `submit` is the one-prompt
+        case; :func:`hindsight.sampling.generate` submits all its prompts as one request."""
+        index = np.repeat(np.arange(len(seqs)), num_samples)
+        plen = np.array([seqs[i].size for i in index], np.int32)
+        req = self._request(index.size, tag, seqs=inputs.pad_rows([seqs[i] for i in index], rows=index.size,
+                                                                  width=self.max_len),
+                            plen=plen, starts=plen - 1, max_new=max_new, keys=keys, stops=stops,
+                            keep_cache=keep_cache)
+        req.prompts, req.prompt_of = list(seqs), index
         self._prompts.append(req)
         return req.rid
 
     def submit_branch(self, rollouts: Rollouts, rows, positions, counts=1, *, key=None, row_keys=None,
-                      keep_cache: bool = False, tag=None) -> int:
-        """Queue continuations of ``rollouts`` (a result with its cache, e.g. from
-        ``submit(..., keep_cache=True)``), exactly as :func:`hindsight.sampling.branch` samples them."""
+                      max_new_tokens=None, keep_cache: bool = False, tag=None) -> int:
+        """Queue ``counts[i]`` continuations of ``rollouts`` row ``rows[i]`` from response position
+        ``positions[i]`` (that token is resampled; see :func:`hindsight.sampling.branch`).
+
+        ``rollouts`` must carry its cache (e.g. ``submit(..., keep_cache=True)``, or any `generate`
+        / `branch` result) and have this engine's ``max_len``. ``max_new_tokens``: per-new-row cap
+        on the *total* response length (default: the source row's); it must exceed the branch
+        position.
+        """
         if rollouts.state.tokens.shape[1] != self.max_len:
             raise ValueError(f"rollouts have cache length {rollouts.state.tokens.shape[1]}, engine {self.max_len}")
         src, pos = branch_requests(rollouts, rows, positions, counts)
         if rollouts.state.cache is None:
             raise ValueError("these rollouts carry no cache: submit them with keep_cache=True to branch them")
+        n = src.size
+        max_new = (rollouts.max_new_tokens[src] if max_new_tokens is None else
+                   inputs.per_row_ints("max_new_tokens", max_new_tokens, n, minimum=1))
+        plen = rollouts.prompt_lengths[src]
+        if np.any(plen + max_new > self.max_len):
+            raise ValueError(f"prompt + max_new_tokens exceeds the source cache length {self.max_len}")
+        if np.any(max_new <= pos):
+            raise ValueError("`max_new_tokens` must exceed each branch position")
+        keys = inputs.row_keys(key, row_keys, n)
         host = jax.device_get((rollouts.state.tokens, rollouts.state.logprobs,
                                rollouts.state.policy_logprobs, rollouts.state.stops))
         seq, lp, plp, stops = (np.asarray(x)[src] for x in host)
-        plen = rollouts.prompt_lengths[src]
         start = plen + pos - 1
         keep = np.arange(self.max_len)[None, :] <= start[:, None]
-        req = self._request(src.size, tag, seqs=np.where(keep, seq, 0), plen=plen, starts=start,
-                            max_new=rollouts.max_new_tokens[src], key=key, row_keys=row_keys,
-                            stop_tokens=[tuple(s[s >= 0]) for s in stops], keep_cache=keep_cache)
+        req = self._request(n, tag, seqs=np.where(keep, seq, 0), plen=plen, starts=start,
+                            max_new=max_new, keys=keys, stops=stops, keep_cache=keep_cache)
         req.logprobs, req.policy_logprobs = np.where(keep, lp, 0), np.where(keep, plp, 0)
         req.parents, req.branch_positions = src, pos
-        req.source = (rollouts.state.cache, src)
+        req.caches, req.cache_of, req.source_rows = [rollouts.state.cache], np.zeros(n, np.int32), src
         self._branches.append(req)
         return req.rid
 
@@ -185,6 +294,8 @@ class Engine:
             raise ValueError(f"row {src[i]}'s sequence ({length[i]} tokens) plus its suffix "
                              f"({suffix[i].size}) plus max_new_tokens ({max_new[i]}) exceeds the "
                              f"engine's max_len={self.max_len}")
+        keys = inputs.row_keys(key, row_keys, n)
+        stops = inputs.stop_table(stop_tokens, n, default=self.params.stop_tokens, vocab_size=self.vocab)
         seqs = np.array(jax.device_get(rollouts.state.tokens))[src]
         for i, s in enumerate(suffix):
             seqs[i, length[i]:] = 0
@@ -206,21 +317,20 @@ class Engine:
         jax.block_until_ready(cache)
         self.stats["extends"] += 1
         self.stats["extend_s"] += time.perf_counter() - t0
-        req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, key=key,
-                            row_keys=row_keys, stop_tokens=stop_tokens, keep_cache=keep_cache)
+        req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, keys=keys,
+                            stops=stops, keep_cache=keep_cache)
         req.parents = src
-        req.source = (cache, np.arange(n, dtype=np.int32))
+        req.caches, req.cache_of, req.source_rows = [cache], np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
         self._branches.append(req)  # like branches: they finish trees, and hold a cache
         return req.rid
 
-    def _request(self, n, tag, *, seqs, plen, starts, max_new, key, row_keys, stop_tokens, keep_cache):
+    def _request(self, n, tag, *, seqs, plen, starts, max_new, keys, stops, keep_cache):
         rid, self._next_id = self._next_id, self._next_id + 1
-        keys = np.asarray(jax.random.key_data(inputs.row_keys(key, row_keys, n)))
-        stops = inputs.stop_table(stop_tokens, n, default=self.params.stop_tokens, vocab_size=self.vocab)
         zeros = np.zeros((n, self.max_len), np.float32)
         return _Request(rid=rid, tag=rid if tag is None else tag, n=n, seqs=seqs, prompt_lengths=plen,
-                        starts=starts.astype(np.int32), max_new=max_new, keys=keys, stops=stops,
-                        logprobs=zeros, policy_logprobs=zeros, parents=np.full(n, -1, np.int32),
+                        starts=starts.astype(np.int32), max_new=max_new,
+                        keys=np.asarray(jax.random.key_data(keys)), stops=stops, logprobs=zeros,
+                        policy_logprobs=zeros, parents=np.full(n, -1, np.int32),
                         branch_positions=np.zeros(n, np.int32), keep_cache=keep_cache)
 
     # ----------------------------------------------------------------------------- scheduling
@@ -266,9 +376,9 @@ class Engine:
         return done
 
     def _host_state(self) -> dict:
-        if self._state is None:
+        if self._state is None:  # a fresh batch: its cache is built by the first refill
             b, m = self.slots, self.max_len
-            self._state_cache = self.model.init_cache(b, m, dtype=self.cache_dtype)
+            self._state_cache = None
             return dict(tokens=np.zeros((b, m), np.int32), logprobs=np.zeros((b, m), np.float32),
                         policy_logprobs=np.zeros((b, m), np.float32), last=np.zeros(b, np.int32),
                         pos=np.zeros(b, np.int32), end=np.ones(b, np.int32), active=np.zeros(b, bool),
@@ -277,65 +387,86 @@ class Engine:
         return self._host
 
     def _push(self, host: dict) -> DecodeState:
+        if self._state_cache is None:  # stepped with nothing to decode
+            self._state_cache = self.model.init_cache(self.slots, self.max_len, dtype=self.cache_dtype)
         fields = {k: jnp.asarray(v) for k, v in host.items()}
         fields["keys"] = jax.random.wrap_key_data(fields["keys"])
         return DecodeState(cache=self._state_cache, **fields)
 
     def _refill(self, host: dict) -> None:
         free = [s for s, o in enumerate(self._owner) if o is None]
-        plan = []  # (slot, request, row)
+        plan = []  # (request, slots [k], rows [k]): a request gets at most one run of rows per refill
         for queue in (self._branches, self._prompts):
             while free and queue:
                 req = queue[0]
-                while free and req.placed < req.n:
-                    plan.append((free.pop(0), req, req.placed))
-                    req.placed += 1
+                k = min(len(free), req.n - req.placed)
+                plan.append((req, np.array(free[:k], np.int32), np.arange(req.placed, req.placed + k, dtype=np.int32)))
+                free, req.placed = free[k:], req.placed + k
                 if req.placed == req.n:
                     queue.popleft()
         if not plan:
             return
-        self._prefill_sources({id(r): r for _, r, _ in plan if r.source is None}.values())
-        by_source = collections.defaultdict(list)
-        for slot, req, row in plan:
-            by_source[id(req.source[0])].append((slot, req, row))
-        for group in by_source.values():
-            src_cache = group[0][1].source[0]
-            self._state_cache = cache_rows.move_rows(self._state_cache, [s for s, _, _ in group], src_cache,
-                                                     [r.source[1][row] for _, r, row in group], self.axes)
+        self._prefill_sources([req for req, _, _ in plan if req.caches is None])
+        moves = {}  # id(source cache) -> (cache, [slot arrays], [source row arrays])
+        for req, slots, rows in plan:
+            which = req.cache_of[rows]
+            for c in np.unique(which):
+                sel = which == c
+                cache = req.caches[c]
+                _, dst, src = moves.setdefault(id(cache), (cache, [], []))
+                dst.append(slots[sel]), src.append(req.source_rows[rows[sel]])
+        for cache, dst, src in moves.values():
+            dst, src = np.concatenate(dst), np.concatenate(src)
+            if self._state_cache is None and [x.dtype for x in jax.tree.leaves(cache)] == self.axes.dtypes:
+                # a fresh batch is gathered from its first source (free slots get a copy of a row)
+                rows = np.full(self.slots, src[0], np.int32)
+                rows[dst] = src
+                self._state_cache = cache_rows.take_rows(cache, rows, self.axes)
+            else:
+                if self._state_cache is None:
+                    self._state_cache = self.model.init_cache(self.slots, self.max_len, dtype=self.cache_dtype)
+                self._state_cache = cache_rows.move_rows(self._state_cache, dst, cache, src, self.axes)
             self.stats["moves"] += 1
-        k = max(host["stops"].shape[1], max(r.stops.shape[1] for _, r, _ in plan))
+        k = max(host["stops"].shape[1], max(req.stops.shape[1] for req, _, _ in plan))
         if k > host["stops"].shape[1]:
             host["stops"] = np.pad(host["stops"], ((0, 0), (0, k - host["stops"].shape[1])), constant_values=-1)
-        for slot, req, row in plan:
-            start = req.starts[row]
-            host["tokens"][slot] = req.seqs[row]
-            host["logprobs"][slot] = req.logprobs[row]
-            host["policy_logprobs"][slot] = req.policy_logprobs[row]
-            host["last"][slot], host["pos"][slot] = req.seqs[row, start], start
-            host["end"][slot] = req.prompt_lengths[row] + req.max_new[row]
-            host["active"][slot] = True
-            host["keys"][slot] = req.keys[row]
-            host["stops"][slot] = -1
-            host["stops"][slot, : req.stops.shape[1]] = req.stops[row]
-            self._owner[slot] = (req, row)
+        for req, slots, rows in plan:
+            start = req.starts[rows]
+            host["tokens"][slots] = req.seqs[rows]
+            host["logprobs"][slots] = req.logprobs[rows]
+            host["policy_logprobs"][slots] = req.policy_logprobs[rows]
+            host["last"][slots], host["pos"][slots] = req.seqs[rows, start], start
+            host["end"][slots] = req.prompt_lengths[rows] + req.max_new[rows]
+            host["active"][slots] = True
+            host["keys"][slots] = req.keys[rows]
+            host["stops"][slots] = -1
+            host["stops"][slots, : req.stops.shape[1]] = req.stops[rows]
+            for slot, row in zip(slots.tolist(), rows.tolist()):
+                self._owner[slot] = (req, row)
 
     def _prefill_sources(self, reqs) -> None:
-        """Prefill every prompt request about to get its first slot, in batches of power-of-two
-        sizes that add up to their number (6 -> 4 + 2): a prefill is compute-bound, so padding 6
-        prompts to 8 rows would cost a third more; each batch is as wide as its longest prompt's
-        bucket (longest first, so that short prompts share narrow batches)."""
-        reqs = sorted(reqs, key=lambda r: -r.prompt.size)
-        while reqs:
-            size = 1 << (len(reqs).bit_length() - 1)  # the largest power of two <= len(reqs)
-            batch, reqs = reqs[:size], reqs[size:]
-            width = min(prompt_bucket(batch[0].prompt.size), self.max_len)
-            tokens = inputs.pad_rows([r.prompt for r in batch], rows=len(batch), width=width)
+        """Prefill the prompts of every request about to get its first slot, in batches of
+        power-of-two sizes that add up to their number (6 -> 4 + 2): a prefill is compute-bound, so
+        padding 6 prompts to 8 rows would cost a third more; each batch is as wide as its longest
+        prompt's bucket (longest first, so that short prompts share narrow batches)."""
+        units = sorted(((r, i, p) for r in reqs for i, p in enumerate(r.prompts)), key=lambda u: -u[2].size)
+        for r in reqs:
+            r.caches, r.cache_of, r.source_rows = [], np.zeros(r.n, np.int32), np.zeros(r.n, np.int32)
+        while units:
+            size = 1 << (len(units).bit_length() - 1)  # the largest power of two <= len(units)
+            batch, units = units[:size], units[size:]
+            width = min(prompt_bucket(batch[0][2].size), self.max_len)
+            tokens = inputs.pad_rows([p for _, _, p in batch], rows=len(batch), width=width)
             cache = prefill(self.graphdef, self.weights, jnp.asarray(tokens), max_len=self.max_len,
                             cache_dtype=self.cache_dtype)
             self.stats["prefills"] += 1
-            for i, r in enumerate(batch):
-                r.source = (cache, np.full(r.n, i, np.int32))
-                r.prompt = None
+            for j, (r, i, _) in enumerate(batch):
+                rows = r.prompt_of == i
+                if not r.caches or r.caches[-1] is not cache:
+                    r.caches.append(cache)
+                r.cache_of[rows], r.source_rows[rows] = len(r.caches) - 1, j
+        for r in reqs:
+            r.prompts = None
 
     def _harvest(self) -> list[tuple[object, Rollouts]]:
         st = self._state
@@ -348,38 +479,58 @@ class Engine:
             if owner is not None and not active[slot]:
                 finished[id(owner[0])].append((slot, *owner))
                 self._owner[slot] = None
+        # a kept request that held the whole batch alone (row i in slot i, nothing else decoding)
+        # takes the final slot batch over (cache included) instead of copying its rows out; the
+        # next step starts a fresh batch
+        alone = len(finished) == 1 and all(o is None for o in self._owner)
         done = []
         for group in finished.values():
             req = group[0][1]
+            slots = [s for s, _, _ in group]
+            rows = [row for _, _, row in group]
             if req.out_seq is None:
                 req.out_seq, req.out_lp, req.out_plp = (np.zeros_like(a) for a in (req.seqs, req.logprobs,
                                                                                     req.logprobs))
                 req.out_pos = np.zeros(req.n, np.int32)
-                if req.keep_cache:
-                    req.archive = self.model.init_cache(pow2_bucket(req.n), self.max_len, dtype=self.cache_dtype)
-            slots = [s for s, _, _ in group]
-            rows = [row for _, _, row in group]
             req.out_seq[rows], req.out_lp[rows], req.out_plp[rows] = seq[slots], lp[slots], plp[slots]
             req.out_pos[rows] = pos[slots]
             if req.keep_cache:
-                req.archive = cache_rows.move_rows(req.archive, rows, self._state.cache, slots, self.axes)
+                if (alone and len(group) == req.n and slots == rows == list(range(req.n))
+                        and self.slots == pow2_bucket(req.n)):
+                    req.final, self._state = self._state, None
+                else:
+                    if req.archive is None:
+                        req.archive = self.model.init_cache(pow2_bucket(req.n), self.max_len,
+                                                            dtype=self.cache_dtype)
+                    req.archive = cache_rows.move_rows(req.archive, rows, self._state.cache, slots, self.axes)
             req.done += len(group)
             if req.done == req.n:
                 done.append((req.tag, self._result(req)))
         return done
 
     def _result(self, req: _Request) -> Rollouts:
-        bb = pow2_bucket(req.n)
-        pad = lambda a: np.concatenate([a, np.repeat(a[:1], bb - req.n, axis=0)]) if bb > req.n else a
-        keys = jax.random.wrap_key_data(jnp.asarray(req.keys))
-        state = DecodeState(
-            cache=req.archive, tokens=jnp.asarray(pad(req.out_seq)), logprobs=jnp.asarray(pad(req.out_lp)),
-            policy_logprobs=jnp.asarray(pad(req.out_plp)), last=jnp.asarray(pad(req.out_seq[np.arange(req.n),
-                                                                                             req.out_pos])),
-            pos=jnp.asarray(pad(req.out_pos)), end=jnp.asarray(pad(req.prompt_lengths + req.max_new)),
-            active=jnp.zeros(bb, bool), keys=jax.random.wrap_key_data(jnp.asarray(pad(req.keys))),
-            stops=jnp.asarray(pad(req.stops)))
-        req.source = req.seqs = None  # release the prefill / parent cache reference
-        return collect(state, rows=req.n, prompt_lengths=req.prompt_lengths, max_new_tokens=req.max_new,
-                       parents=req.parents, branch_positions=req.branch_positions, keys=keys,
-                       params=self.params, axes=self.axes)
+        """The finished request's rows as a `Rollouts` (responses cut out of the sequences)."""
+        n, seq, pos, plen = req.n, req.out_seq, req.out_pos, req.prompt_lengths
+        t_max = int(req.max_new.max())
+        lengths = (pos - plen + 1).astype(np.int32)
+        idx = np.minimum(plen[:, None] + np.arange(t_max)[None, :], self.max_len - 1)
+        mask = np.arange(t_max)[None, :] < lengths[:, None]
+        take = lambda a, dtype: np.where(mask, np.take_along_axis(a, idx, axis=1), 0).astype(dtype)
+        stopped = np.any(seq[np.arange(n), pos][:, None] == req.stops, axis=-1)
+        state = req.final
+        if state is None:
+            bb = pow2_bucket(n)
+            pad = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[:1], bb - n, axis=0)]) if bb > n else a)
+            state = DecodeState(
+                cache=req.archive, tokens=pad(seq), logprobs=pad(req.out_lp), policy_logprobs=pad(req.out_plp),
+                last=pad(seq[np.arange(n), pos]), pos=pad(pos), end=pad(plen + req.max_new),
+                active=jnp.zeros(bb, bool), keys=jax.random.wrap_key_data(pad(req.keys)), stops=pad(req.stops))
+        req.caches = req.seqs = req.final = None  # release the prefill / parent cache references
+        return Rollouts(tokens=take(seq, np.int32), mask=mask, lengths=lengths,
+                        logprobs=take(req.out_lp, np.float32), policy_logprobs=take(req.out_plp, np.float32),
+                        prompt_lengths=np.asarray(plen, np.int32), stopped=stopped,
+                        branch_positions=np.asarray(req.branch_positions, np.int32),
+                        parents=np.asarray(req.parents, np.int32), max_new_tokens=np.asarray(req.max_new, np.int32),
+                        keys=jax.random.wrap_key_data(jnp.asarray(req.keys)), params=self.params, state=state,
+                        cache_dtype=self.cache_dtype)
+

@@ -107,10 +107,3 @@ def row_keys(key, keys, rows: int) -> jax.Array:
         key = jax.random.wrap_key_data(key)
     return jax.random.split(key, rows)
 
-
-def pad_keys(keys: jax.Array, rows: int) -> jax.Array:
-    """Pad ``[n]`` keys to ``[rows]`` by repeating the first (padding rows never sample for real)."""
-    n = keys.shape[0]
-    if n == rows:
-        return keys
-    return jax.numpy.concatenate([keys, jax.numpy.broadcast_to(keys[:1], (rows - n,))])

@@ -20,7 +20,7 @@ from hindsight.models.layers import matmul
 from hindsight.ops import chunked_token_logprobs
 from hindsight.sampling import cache_rows, inputs
 from hindsight.sampling.buckets import cache_len_bucket, pow2_bucket, prompt_bucket
-from hindsight.sampling.decode import prefill, split_model
+from hindsight.sampling.decode import graph_and_weights, prefill
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -67,7 +67,7 @@ def _prepare(model, contexts, responses, context_index, cache_dtype, min_respons
     s_b = prompt_bucket(max(int(clen.max()), _bucket_floor("min_context_len", min_context_len)))
     m = cache_len_bucket(s_b, t_b)
     bb = pow2_bucket(b)
-    graphdef, weights = split_model(model)
+    graphdef, weights = graph_and_weights(model)
     axes = cache_rows.static_axes(model, m, cache_dtype)
     cache = prefill(graphdef, weights, jnp.asarray(inputs.pad_rows(ctx, rows=pow2_bucket(n_c), width=s_b)),
                     max_len=m, cache_dtype=cache_dtype)

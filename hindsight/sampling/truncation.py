@@ -18,6 +18,18 @@ from hindsight.sampling.params import SamplingParams
 _NEG = -jnp.inf
 
 
+def _scaled(logits: jax.Array, temperature: float) -> jax.Array:
+    """``(logits - max) / T`` in float32: the distribution of ``logits / T`` (softmax is shift
+    invariant), written so that it cannot overflow at any ``T > 0``. Every entry is ``<= 0`` and
+    the largest is exactly 0, so the most likely token keeps weight ``exp(0) = 1`` however small
+    ``T`` is (as ``T -> 0`` the others go to ``-inf``: sampling becomes greedy smoothly), where
+    ``logits / T`` overflows to ``inf`` (NaN weights, impossible tokens) once ``|logit / T|``
+    passes float32's range."""
+    x = logits.astype(jnp.float32)
+    x = x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    return x if temperature == 1.0 else x / temperature
+
+
 def _order_keys(x: jax.Array) -> jax.Array:
     """Map float32 ``x`` to uint32 keys with the same order (so thresholds can be bisected exactly)."""
     bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
@@ -65,7 +77,7 @@ def truncated_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
     """
     if params.greedy:
         raise ValueError("truncated_logits needs temperature > 0 (greedy decoding has no distribution)")
-    x = logits.astype(jnp.float32) / params.temperature
+    x = _scaled(logits, params.temperature)
     if params.top_k or params.top_p < 1.0:
         keys = _order_keys(x)
         if params.top_k:
@@ -133,7 +145,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams):
       policy at temperature ``params.temperature`` (1 for greedy).
     """
     logits = logits.astype(jnp.float32)
-    scaled = logits if params.greedy or params.temperature == 1.0 else logits / params.temperature
+    scaled = _scaled(logits, 1.0 if params.greedy else params.temperature)
     policy_lse = jax.nn.logsumexp(scaled, axis=-1)
     if params.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -106,3 +106,29 @@ def test_engine_rejects_bad_input(tiny):
     res = engine.run()["x"]
     with pytest.raises(ValueError, match="keep_cache"):
         engine.submit_branch(res, [0], [1])
+
+
+def test_a_result_that_takes_over_the_slot_batch_stays_valid(tiny):
+    """A kept request that filled the whole slot batch alone takes its cache over (as every
+    `generate` does); the engine then decodes more work in a fresh batch, and the result's cache
+    is neither donated nor overwritten: branching it still equals `branch` of `generate`."""
+    keys = jax.random.split(jax.random.key(6), 4)
+    bkeys = jax.random.split(jax.random.key(8), 2)
+    engine = Engine(tiny, PARAMS, slots=4, max_len=64, chunk_steps=64)
+    engine.submit(PROMPTS[1], num_samples=4, row_keys=keys, keep_cache=True, tag="a")
+    first = engine.run()["a"]
+    assert engine._state is None  # handed over, not copied
+    before = [np.asarray(x) for x in jax.tree.leaves(first.state.cache)]
+    positions = [min(1, int(first.lengths[0]) - 1), 0]
+    engine.submit(PROMPTS[0], num_samples=4, key=jax.random.key(7), tag="b")
+    engine.submit_branch(first, [0, 3], positions, row_keys=bkeys, tag="c")
+    out = engine.run()
+    for old, now in zip(before, jax.tree.leaves(first.state.cache)):
+        np.testing.assert_array_equal(old, np.asarray(now))
+    ref = generate(tiny, [PROMPTS[1]], PARAMS, num_samples=4, row_keys=keys, max_len=64)
+    np.testing.assert_array_equal(first.tokens, ref.tokens)
+    expect = branch(tiny, ref, [0, 3], positions, row_keys=bkeys)
+    np.testing.assert_array_equal(out["c"].tokens, expect.tokens)
+    np.testing.assert_allclose(out["c"].logprobs, expect.logprobs, rtol=1e-5, atol=1e-6)
+    fresh = generate(tiny, [PROMPTS[0]], PARAMS, num_samples=4, key=jax.random.key(7), max_len=64)
+    np.testing.assert_array_equal(out["b"].tokens, fresh.tokens)

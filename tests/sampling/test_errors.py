@@ -29,12 +29,12 @@ def test_params_stop_token_outside_vocab(tiny):
 
 def test_errors_do_not_compile(tiny, monkeypatch):
     """Validation runs before tracing: a failing call never reaches the jitted loop."""
-    import hindsight.sampling.rollouts as rollouts
+    import hindsight.sampling.engine as engine
 
     def boom(*a, **k):
         raise AssertionError("compiled on bad input")
 
-    monkeypatch.setattr(rollouts, "prefill", boom)
-    monkeypatch.setattr(rollouts, "decode_steps", boom)
+    monkeypatch.setattr(engine, "prefill", boom)
+    monkeypatch.setattr(engine, "decode_steps", boom)
     with pytest.raises(ValueError):
         generate(tiny, [np.arange(70)], SamplingParams(max_new_tokens=8), max_len=64)
