@@ -1,40 +1,65 @@
-"""Working memory and time of a distillation loss + gradient: fused chunked LM head vs full logits.
+"""Working memory and time of the methods' own losses + gradient: chunked LM-head backends vs dense.
 
-What is measured: ``value_and_grad`` w.r.t. the student hidden states ``[1, N, D]`` and the
-unembedding ``[D, V]`` (float32) of ``sum_t mask[t] * f(student[t], teacher[t])`` for ``f`` = reverse
-KL and generalized JSD (beta 0.5), the teacher being a constant (``stop_gradient``), in three forms:
+What is measured: ``value_and_grad`` of ``method.loss_fn(model, batch, head=LMHead(backend),
+reference=...).value()`` (the loss metrics as aux, as the train step returns them) w.r.t. the
+model's parameters, for the methods ``opsd`` (generalized-JSD self-distillation against a frozen
+reference teacher, its default), ``pcsd`` (GRPO + gated distillation from the teacher context,
+teacher ``"self"``) and ``grpo`` (the clipped-surrogate policy term), each with the LM-head
+backends ``scan``, ``fused`` and ``dense`` (:func:`hindsight.ops.lm_head_map`).
 
-* ``naive``: ``h @ W`` materialises ``[N, V]`` logits and the dense :mod:`hindsight.ops` loss runs on
-  them (what a training loss does without the chunked path);
-* ``fused``: :func:`hindsight.ops.fused_distillation_loss` (one scan over row blocks, closed-form
-  ``dlogits`` and the gradients built in the forward pass, no recomputation; its default blocks,
-  :func:`hindsight.ops.fused.fused_chunk_size`: 176 rows at 1,024 tokens, 192 at 8,192);
-* ``remat``: the scan + ``jax.checkpoint`` path (:func:`hindsight.ops.chunked_kl` /
-  :func:`~hindsight.ops.chunked_generalized_jsd` under ``jax.grad``), for reference.
+The "model" is :class:`HeadOnly`: a float32 embedding table ``[V, D]`` (tied: ``unembedding() =
+embed.T``, so the LM head's gradient flows into the table) and a trivial body (the hidden state of
+a token is its embedding times a fixed random sign per feature, so a row's logits are not
+dominated by its own token); it obeys the decoder interface the methods call, ``model(tokens,
+positions, *, attention_mask, return_hidden) -> (hidden [B, S, D], None)``,
+``model.unembedding() -> [D, V]``, ``model.config.vocab_size``. So what is measured is the LM head
+and the loss, not a decoder; the hidden states ``[N, D]`` of each side and their gradient are
+temporaries of the measured program (every backend holds them, and they grow with ``N``: at
+8,192 tokens and ``D = 1,024`` each float32 one is 32 MiB). The
+batch (:func:`hindsight.batch.build_batch`) has ``B = 2`` rows (one group) of ``N / 2`` response
+tokens after a 16-token prompt; the ``teacher`` context has a 24-token prompt before the same
+response; ``logp_old`` is the model's own log-prob plus N(0, 0.1) noise (so ratios are near 1 and
+some tokens clip), advantages are +-1. ``N`` (``tokens``) counts the LM-head rows of one side.
 
 How memory is measured. Each configuration runs in a fresh child process (so no configuration sees
 another's caches or allocator state) with ``RLIMIT_AS`` capped as a safety net and glibc's mmap
 threshold pinned at 128 KiB (``MALLOC_MMAP_THRESHOLD_``), so every large buffer XLA frees goes back
-to the OS at once and the resident set tracks live memory. The child creates the inputs, compiles
-the jitted ``value_and_grad`` ahead of time, and reads its current resident set (``VmRSS``): the
-*baseline* (runtime + compiled code + inputs and parameters). It then resets the kernel's peak
-counter (``echo 5 > /proc/self/clear_refs``), runs the timed calls, and reads the peak resident set
-(``VmHWM``). *Working memory* = peak - baseline - the bytes of the outputs (loss, the hidden-state
-gradient and the unembedding gradient, which neither version can avoid holding). XLA's own buffer
-plan (``memory_analysis().temp_size_in_bytes``) is reported next to it as a cross-check.
+to the OS at once and the resident set tracks live memory. The child creates the parameters (and
+the reference copy) and the batch, compiles the jitted ``value_and_grad`` ahead of time, and reads
+its current resident set (``VmRSS``): the *baseline* (runtime + compiled code + inputs and
+parameters). It then resets the kernel's peak counter (``echo 5 > /proc/self/clear_refs``), runs
+one call, and reads the peak resident set (``VmHWM``). *Working memory* = peak - baseline -
+the bytes of the outputs (the loss, its metrics and the ``[V, D]`` gradient, which every backend
+holds). XLA's own buffer plan (``memory_analysis().temp_size_in_bytes``) is reported next to it as
+a cross-check.
 
-Time is the median of the timed calls (after ahead-of-time compilation; ``--repeats``, 3 with
-``--quick`` and 1 at full size, where one call takes minutes on 2 CPU cores); naive and fused run
-side by side in the same parent, one child after the other. The larger sizes run only for
-``--growth-losses`` (default: the JSD, the loss with the largest working set).
+Time. The first call (the memory measurement) runs with every large buffer mmapped fresh, which
+also makes the matmul kernels' own scratch allocations page-fault on every call (on this class of
+machine a ``[64, D] @ [D, V]`` product then takes 2.5 times as long); it is reported as
+``time_s_low_mmap``. The timed calls then run with glibc's steady-state thresholds (``mallopt``:
+mmap threshold 32 MiB, the largest its dynamic default reaches, trim threshold 64 MiB), as in a
+long-running training process: one warm-up call, then ``--repeats`` timed calls (3 with
+``--quick``, 2 at full size); ``time_s`` is their median, ``time_s_min`` their minimum. Backends
+run one child after the other; every backend runs at the reference size, the larger sizes run for
+``--growth-backends`` (default: the measured ``--backend``), memory only. With ``opsd``, OPSD's
+loss value also runs through :func:`hindsight.ops.fused_distillation_loss` (backend
+``closed_form``: the gradient built in the forward scan, no recomputation; the loss value only,
+without OPSD's metrics), for comparison.
 
-The last line printed is a JSON object: ``peak_mem_ratio`` (naive / fused working memory at the
-reference size), ``time_ratio`` (fused / naive time there), ``chunked_mem_growth`` (fused working
-memory at the largest / the reference size), every measurement and the machine.
+The last line printed is a JSON object: ``loss_fns`` (the method names) and ``backend`` (the one
+the headline figures are for: ``--backend``, default the training default ``LMHead().backend``);
+``peak_mem_ratio`` (dense / backend working memory at the reference size, the worst method),
+``time_ratio`` (backend / dense median time there, the worst method), ``chunked_mem_growth``
+(backend working memory at the largest / the reference size, the worst method); ``goals`` (each
+goal and whether it was met); ``per_method`` with, per backend, working memory, XLA temporaries,
+times and the ratios (``xla_temp_ratio``, ``time_ratio_min``, ``time_ratio_low_mmap``,
+``xla_temp_growth`` besides the three above); every measurement with the load average when it
+started, and the machine (with the load average before and after the run).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -46,7 +71,26 @@ import time
 
 GIB = 2.0 ** 30
 AS_CAP_BYTES = 20 * 2 ** 30  # safety net on a shared machine; virtual size, so well above the
-# resident peak (XLA's CPU kernels reserve address space: the dense JSD needs more than 12.5 GiB of it)
+# resident peak (XLA's CPU kernels reserve address space)
+METHODS = ("opsd", "pcsd", "grpo")
+BACKENDS = ("scan", "fused", "dense")
+CLOSED_FORM = "closed_form"    # OPSD only: hindsight.ops.fused_distillation_loss, for comparison
+GOALS = {"peak_mem_ratio": 8.0, "chunked_mem_growth": 1.5, "time_ratio": 1.3}
+PROMPT, TEACHER_PROMPT, ROWS = 16, 24, 2
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3       # glibc <malloc.h>
+STEADY_MMAP_THRESHOLD = 32 * 2 ** 20
+"""glibc's largest dynamic mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``): by default a
+freed mmapped chunk raises the threshold up to this, so a long-running process serves repeated
+allocations below it from the heap, without fresh page faults."""
+
+
+def _mallopt(param: int, value: int) -> None:
+    import ctypes
+
+    if not ctypes.CDLL("libc.so.6").mallopt(param, value):
+        raise RuntimeError(f"mallopt({param}, {value}) failed")
 
 
 def _status_kib(field: str) -> int:
@@ -57,73 +101,186 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def _loss_fn(impl: str, loss: str, beta: float, chunk_size: int | None):
+@dataclasses.dataclass(frozen=True)
+class HeadOnlyConfig:
+    vocab_size: int
+    hidden_size: int
+
+
+def head_only_model(vocab: int, hidden: int, seed: int = 0):
+    """A :class:`HeadOnly` model: float32 ``[V, D]`` table, logits ~ N(0, 4)."""
     import jax
     import jax.numpy as jnp
+    from flax import nnx
 
-    import hindsight.ops as ops
+    class HeadOnly(nnx.Module):
+        """Tied embedding table and a trivial body: the decoder interface, nothing else."""
 
-    def naive(hs, ht, w, mask):
-        zs, zt = hs @ w, jax.lax.stop_gradient(ht @ w)
-        f = ops.kl(zs, zt) if loss == "reverse_kl" else ops.generalized_jsd(zs, zt, beta)
-        return jnp.sum(mask * f)
+        def __init__(self, cfg: HeadOnlyConfig, key):
+            self.config = cfg
+            # entries ~ N(0, 2 / sqrt(D)): a logit (a D-term dot product of two entries) ~ N(0, 4)
+            scale = (2.0 / cfg.hidden_size ** 0.5) ** 0.5
+            self.embed = nnx.Param(jax.random.normal(key, (cfg.vocab_size, cfg.hidden_size),
+                                                     jnp.float32) * scale)
 
-    def fused(hs, ht, w, mask):
-        return ops.fused_distillation_loss(hs, ht, w, mask, loss=loss, beta=beta,
-                                           chunk_size=chunk_size)[0]
+        def __call__(self, tokens, positions, *, attention_mask=None, return_hidden=False,
+                     cache=None):
+            # a fixed random sign per feature: a row's logit for its own token is then no larger
+            # than the others (|e|^2 would dominate), and the body stays elementwise
+            signs = jax.random.rademacher(jax.random.key(0), (self.config.hidden_size,),
+                                          jnp.float32)
+            hidden = jnp.take(self.embed[...], tokens, axis=0) * signs
+            return (hidden if return_hidden else hidden @ self.unembedding()), None
 
-    def remat(hs, ht, w, mask):
-        ht = jax.lax.stop_gradient(ht)
-        if loss == "reverse_kl":
-            f = ops.chunked_kl(hs, ht, w, q_unembed=jax.lax.stop_gradient(w), chunk_size=chunk_size)
-        else:
-            f = ops.chunked_generalized_jsd(hs, ht, w, beta, teacher_unembed=jax.lax.stop_gradient(w),
-                                            chunk_size=chunk_size)
-        return jnp.sum(mask * f)
+        def unembedding(self):
+            return self.embed[...].T
 
-    return {"naive": naive, "fused": fused, "remat": remat}[impl]
+    return HeadOnly(HeadOnlyConfig(vocab, hidden), jax.random.key(seed))
+
+
+def make_batch(graphdef, params, tokens: int, seed: int = 0) -> dict:
+    """The :mod:`hindsight.batch` layout for ``ROWS`` rows of ``tokens / ROWS`` response tokens,
+    with a ``teacher`` context; ``logp_old`` = the model's log-probs + N(0, 0.1)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from hindsight.batch import build_batch
+    from hindsight.ops import chunked_token_logprobs
+
+    rng = np.random.default_rng(seed)
+    v, b, t = graphdef_vocab(graphdef, params), ROWS, tokens // ROWS
+    targets = rng.integers(0, v, (b, t), dtype=np.int32)
+
+    def context(prompt: int) -> dict:
+        toks = np.concatenate([rng.integers(0, v, (b, prompt), dtype=np.int32), targets], 1)
+        width = prompt + t
+        return {"tokens": toks, "attention_mask": np.ones((b, width), np.int32),
+                "positions": np.broadcast_to(np.arange(width, dtype=np.int32), (b, width)).copy(),
+                "target_index": np.broadcast_to(prompt - 1 + np.arange(t, dtype=np.int32),
+                                                (b, t)).copy()}
+
+    policy, teacher = context(PROMPT), context(TEACHER_PROMPT)
+
+    @jax.jit
+    def own_logp(params, toks, index, tgt):
+        model = nnx.merge(graphdef, params)
+        hidden, _ = model(toks, None, return_hidden=True)
+        hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
+        return chunked_token_logprobs(hidden, model.unembedding(), tgt)
+
+    logp = own_logp(params, policy["tokens"], policy["target_index"], targets)
+    logp_old = np.asarray(logp + 0.1 * rng.standard_normal((b, t)), np.float32)
+    return build_batch(tokens=policy["tokens"], positions=policy["positions"],
+                       attention_mask=policy["attention_mask"], targets=targets,
+                       target_index=policy["target_index"], mask=np.ones((b, t), np.float32),
+                       logp_old=logp_old, advantages=np.array([1.0, -1.0], np.float32),
+                       rewards=np.array([1.0, 0.0], np.float32), contexts={"teacher": teacher})
+
+
+def graphdef_vocab(graphdef, params) -> int:
+    from flax import nnx
+
+    return nnx.merge(graphdef, params).config.vocab_size
+
+
+def opsd_closed_form(model, batch, reference, config, chunk_size):
+    """OPSD's ``distill`` term (its loss value) through :func:`hindsight.ops.fused_distillation_loss`
+    (closed-form gradient built in the forward scan, no recomputation) instead of the LM head:
+    the same value, without OPSD's metrics. For comparison only; no method calls it."""
+    import jax.numpy as jnp
+
+    from hindsight.methods.forward import context_hidden
+    from hindsight.ops import fused_distillation_loss
+
+    student, teacher = context_hidden(model, batch), context_hidden(reference, batch, "teacher",
+                                                                    frozen=True)
+    total, count = fused_distillation_loss(
+        student.hidden, teacher.hidden, student.unembed, batch["mask"], loss="jsd",
+        beta=config.beta, teacher_unembed=teacher.unembed, temperature=config.temperature,
+        chunk_size=chunk_size)
+    return total / jnp.maximum(count, 1.0), {}
+
+
+def needs_reference(method) -> bool:
+    return bool(method.config.needs_reference)
 
 
 def run_child(cfg: dict) -> dict:
-    """One configuration, in this (fresh) process; returns its measurements."""
+    """One (method, backend, tokens) configuration, in this (fresh) process."""
     import jax
     import jax.numpy as jnp
+    from flax import nnx
 
-    n, d, v = cfg["tokens"], cfg["hidden"], cfg["vocab"]
-    k = jax.random.split(jax.random.PRNGKey(0), 3)
-    hs = jax.random.normal(k[0], (1, n, d), jnp.float32)
-    ht = jax.random.normal(k[1], (1, n, d), jnp.float32)
-    # logits ~ N(0, 4), like `randn * 2` logits
-    w = jax.random.normal(k[2], (d, v), jnp.float32) * (2.0 / d ** 0.5)
-    mask = jnp.ones((1, n), jnp.float32)
-    args = jax.block_until_ready((hs, ht, w, mask))
-    step = jax.jit(jax.value_and_grad(_loss_fn(cfg["impl"], cfg["loss"], cfg["beta"],
-                                               cfg["chunk_size"]), argnums=(0, 2)))
+    from hindsight.methods import LMHead, get_method
+
+    method = get_method(cfg["method"])
+    graphdef, params = nnx.split(head_only_model(cfg["vocab"], cfg["hidden"]))
+    batch = make_batch(graphdef, params, cfg["tokens"])
+    with_ref = needs_reference(method)
+    # the frozen reference (OPSD's default teacher): the "initial parameters", here a perturbed
+    # copy, so that the teacher's distribution differs from the student's
+    ref_params = None
+    if with_ref:
+        ref_params = jax.tree.map(lambda x: x * (1.0 + 0.1 * jax.random.normal(
+            jax.random.key(1), x.shape, x.dtype)), params)
+    head = None if cfg["backend"] == CLOSED_FORM else LMHead(backend=cfg["backend"],
+                                                             chunk_size=cfg["chunk_size"])
+
+    def loss(params, ref_params, batch):
+        model = nnx.merge(graphdef, params)
+        ref = None if ref_params is None else nnx.merge(graphdef,
+                                                        jax.lax.stop_gradient(ref_params))
+        if cfg["backend"] == CLOSED_FORM:
+            return opsd_closed_form(model, batch, ref, method.config, cfg["chunk_size"])
+        out = method.loss_fn(model, batch, head=head, reference=ref)
+        return out.value(), out.metrics
+
+    batch = jax.device_put(batch)
+    args = jax.block_until_ready((params, ref_params, batch))
+    step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    t0 = time.perf_counter()
     compiled = step.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     xla_temp = getattr(mem, "temp_size_in_bytes", None) if mem is not None else None
     baseline = _status_kib("VmRSS") * 1024
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")
-    times, value = [], None
-    for _ in range(cfg["repeats"]):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-        value = float(out[0])
-        del out
+    # memory: the first call, every large buffer mmapped fresh (MALLOC_MMAP_THRESHOLD_)
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(compiled(*args))
+    first_s = time.perf_counter() - t0
     peak = _status_kib("VmHWM") * 1024
-    out_bytes = 4 + 4 * (n * d + d * v)
-    if cfg["impl"] != "naive":
+    out_bytes = sum(x.nbytes for x in jax.tree.leaves(out))
+    (val, _), grads = out
+    value = float(val)
+    grad_norm = float(jax.jit(lambda g: jnp.sqrt(sum(jnp.sum(jnp.square(x))
+                                                     for x in jax.tree.leaves(g))))(grads))
+    del out, val, grads
+    # time: glibc's steady-state thresholds (what the dynamic defaults settle at), one warm-up
+    # call, then the timed calls
+    _mallopt(M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD)
+    _mallopt(M_TRIM_THRESHOLD, 2 * STEADY_MMAP_THRESHOLD)
+    times = []
+    for i in range(cfg["repeats"] + 1 if cfg["repeats"] else 0):
+        t0 = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        if i:
+            times.append(time.perf_counter() - t0)
+    if cfg["backend"] != "dense":
         from hindsight.ops import default_chunk_size
-        from hindsight.ops.fused import fused_chunk_size
-        rows = cfg["chunk_size"] or (fused_chunk_size(n, v) if cfg["impl"] == "fused"
-                                     else default_chunk_size(v))
-        cfg = {**cfg, "block_rows": min(rows, n)}
-    return {**cfg, "time_s": statistics.median(times), "times_s": times, "value": value,
-            "baseline_gib": baseline / GIB, "peak_gib": peak / GIB,
+        cfg = {**cfg, "block_rows": min(cfg["chunk_size"] or default_chunk_size(cfg["vocab"]),
+                                        cfg["tokens"])}
+    return {**cfg, "time_s": statistics.median(times) if times else None,
+            "time_s_min": min(times) if times else None, "times_s": times,
+            "time_s_low_mmap": first_s, "value": value,
+            "grad_norm": grad_norm, "compile_s": compile_s, "reference": with_ref,
+            "baseline_gib": baseline / GIB, "peak_gib": peak / GIB, "out_gib": out_bytes / GIB,
             "working_gib": (peak - baseline - out_bytes) / GIB,
-            "xla_temp_gib": None if xla_temp is None else xla_temp / GIB}
+            "xla_temp_gib": None if xla_temp is None else xla_temp / GIB,
+            "xla_temp_bytes": xla_temp}
 
 
 def _limit_child() -> None:
@@ -133,13 +290,15 @@ def _limit_child() -> None:
 def measure(cfg: dict) -> dict:
     """Run `cfg` in a fresh child process; returns its measurements (or the failure)."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072",
-               XLA_FLAGS=os.environ.get("XLA_FLAGS", ""))
+               XLA_FLAGS=os.environ.get("XLA_FLAGS", ""), JAX_PLATFORMS="cpu")
+    load = os.getloadavg()
     proc = subprocess.run([sys.executable, "-m", "experiments.bench.logits_memory", "--child",
                            json.dumps(cfg)], capture_output=True, text=True, env=env,
                           preexec_fn=_limit_child)
     if proc.returncode:
-        return {**cfg, "error": proc.stderr.strip().splitlines()[-1:] or [f"rc {proc.returncode}"]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        return {**cfg, "load_avg": load,
+                "error": proc.stderr.strip().splitlines()[-1:] or [f"rc {proc.returncode}"]}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "load_avg": load}
 
 
 def machine() -> dict:
@@ -148,89 +307,145 @@ def machine() -> dict:
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                   if line.startswith("model name")), platform.processor())
     return {"cpu": model, "cores": os.cpu_count(), "jax": jax.__version__,
-            "backend": jax.default_backend(), "python": platform.python_version(),
+            "platform": jax.default_backend(), "python": platform.python_version(),
             "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1)}
 
 
-def main(argv=None) -> None:
+def _fmt(x, nd=3):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def main(argv=None) -> dict:
+    from hindsight.methods import LMHead
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="CI-sized run (small V, few tokens)")
+    p.add_argument("--backend", default=LMHead().backend, choices=BACKENDS[:2],
+                   help="the backend of the headline figures (default: the training default)")
+    p.add_argument("--backends", default=",".join(BACKENDS),
+                   help="backends measured at the reference size (dense is always included)")
+    p.add_argument("--growth-backends", default=None,
+                   help="backends also measured at the larger sizes (default: --backend)")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--no-closed-form", action="store_true",
+                   help=f"skip OPSD's loss through hindsight.ops.fused_distillation_loss "
+                        f"(backend {CLOSED_FORM!r}, a comparison: no method calls it)")
     p.add_argument("--chunk-size", type=int, default=None,
-                   help="rows per block for fused and remat (default: each one's library default)")
+                   help="rows per block of the chunked backends (default: the library default)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="timed calls at the reference size (default: 3 with --quick, else 1)")
-    p.add_argument("--losses", default="reverse_kl,jsd")
-    p.add_argument("--growth-losses", default="jsd",
-                   help="losses whose fused version also runs at the larger sizes")
-    p.add_argument("--no-remat", action="store_true", help="skip the scan+remat reference")
+                   help="timed calls at the reference size, after one warm-up call "
+                        "(default: 3 with --quick, else 2)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(json.loads(args.child))))
-        return
-
-    from hindsight.ops import default_chunk_size
-    from hindsight.ops.fused import fused_chunk_size
+        return {}
 
     if args.quick:
-        vocab, hidden, ref, sizes = 32_768, 256, 512, [512, 2048]
+        vocab, hidden, ref, sizes = 32_768, 256, 1_024, [1_024, 4_096]
     else:
         vocab, hidden, ref, sizes = 151_936, 1_024, 1_024, [1_024, 4_096, 8_192]
-    repeats = args.repeats or (3 if args.quick else 1)
-    growth = args.growth_losses.split(",")
-    # None: fused_distillation_loss and the remat path pick their own defaults
-    base = {"vocab": vocab, "hidden": hidden, "beta": 0.5, "chunk_size": args.chunk_size}
+    repeats = args.repeats or (3 if args.quick else 2)
+    methods = args.methods.split(",")
+    backends = list(dict.fromkeys(args.backends.split(",") + [args.backend, "dense"]))
+    growth = (args.growth_backends or args.backend).split(",")
+    base = {"vocab": vocab, "hidden": hidden, "chunk_size": args.chunk_size}
     plan = []
-    for loss in args.losses.split(","):
-        plan.append({**base, "impl": "naive", "loss": loss, "tokens": ref, "repeats": repeats})
-        plan += [{**base, "impl": "fused", "loss": loss, "tokens": n,
-                  "repeats": repeats if n == ref else 1}
-                 for n in (sizes if loss in growth else sizes[:1])]
-        if not args.no_remat:
-            plan.append({**base, "impl": "remat", "loss": loss, "tokens": ref, "repeats": repeats})
+    for m in methods:
+        extra = [CLOSED_FORM] if m == "opsd" and not args.no_closed_form else []
+        for b in backends + extra:
+            plan += [{**base, "method": m, "backend": b, "tokens": n,
+                      "repeats": repeats if n == ref else 0}
+                     for n in (sizes if b in growth and b != "dense" else sizes[:1])]
+    load_start = os.getloadavg()
     results = []
     for cfg in plan:
         r = measure(cfg)
         results.append(r)
+        tag = f"{cfg['method']:5s} {cfg['backend']:11s} N={cfg['tokens']:5d}"
+        load = "load " + ",".join(f"{x:.2f}" for x in r["load_avg"])
         if "error" in r:
-            print(f"{cfg['impl']:5s} {cfg['loss']:10s} N={cfg['tokens']:5d}  FAILED: {r['error']}",
-                  flush=True)
+            print(f"{tag}  FAILED: {r['error']}  ({load})", flush=True)
         else:
-            print(f"{r['impl']:5s} {r['loss']:10s} N={r['tokens']:5d}  time {r['time_s']:7.2f} s  "
-                  f"peak {r['peak_gib']:6.2f} GiB  working {r['working_gib']:6.3f} GiB  "
-                  f"(XLA temp {r['xla_temp_gib'] if r['xla_temp_gib'] is None else round(r['xla_temp_gib'], 3)} GiB)  "
-                  f"value {r['value']:.6g}", flush=True)
+            print(f"{tag}  time {_fmt(r['time_s'], 2):>6s} s (first call "
+                  f"{r['time_s_low_mmap']:.2f} s)  peak {r['peak_gib']:5.2f} GiB  working "
+                  f"{r['working_gib']:6.3f} GiB  (XLA temp {_fmt(r['xla_temp_gib'])} GiB)  "
+                  f"value {r['value']:.6g}  |g| {r['grad_norm']:.6g}  ({load})", flush=True)
 
-    def get(impl, loss, n, key):
-        r = next(r for r in results if (r["impl"], r["loss"], r["tokens"]) == (impl, loss, n))
-        if "error" in r:
-            raise SystemExit(f"{impl} {loss} N={n} failed: {r['error']}")
-        return r[key]
+    def get(m, b, n, key):
+        r = next((r for r in results
+                  if (r["method"], r["backend"], r["tokens"]) == (m, b, n)), None)
+        return None if r is None or "error" in r else r[key]
 
-    per_loss = {}
-    for loss in args.losses.split(","):
-        per_loss[loss] = {
-            "peak_mem_ratio": get("naive", loss, ref, "working_gib") / get("fused", loss, ref, "working_gib"),
-            "time_ratio": get("fused", loss, ref, "time_s") / get("naive", loss, ref, "time_s"),
-            "chunked_mem_growth": get("fused", loss, sizes[-1], "working_gib")
-            / get("fused", loss, ref, "working_gib") if loss in growth else None,
-            "loss_rel_diff": abs(get("fused", loss, ref, "value") - get("naive", loss, ref, "value"))
-            / abs(get("naive", loss, ref, "value")),
-        }
-    # headline figures: the worst case over the losses
+    def ratio(a, b):
+        return None if a is None or b is None or b <= 0 else a / b
+
+    per_method = {}
+    for m in methods:
+        dense_w, dense_t = get(m, "dense", ref, "working_gib"), get(m, "dense", ref, "time_s")
+        per_method[m] = {}
+        for b in backends + [CLOSED_FORM] * any(r["method"] == m and r["backend"] == CLOSED_FORM
+                                                 for r in results):
+            w, t = get(m, b, ref, "working_gib"), get(m, b, ref, "time_s")
+            entry = {"working_gib": w, "xla_temp_gib": get(m, b, ref, "xla_temp_gib"),
+                     "xla_temp_bytes": get(m, b, ref, "xla_temp_bytes"),
+                     "time_s": t, "time_s_min": get(m, b, ref, "time_s_min"),
+                     "time_s_low_mmap": get(m, b, ref, "time_s_low_mmap")}
+            if b != "dense":
+                entry["peak_mem_ratio"] = ratio(dense_w, w)
+                entry["xla_temp_ratio"] = ratio(get(m, "dense", ref, "xla_temp_gib"),
+                                                get(m, b, ref, "xla_temp_gib"))
+                entry["time_ratio"] = ratio(t, dense_t)
+                entry["time_ratio_min"] = ratio(entry["time_s_min"],
+                                                get(m, "dense", ref, "time_s_min"))
+                entry["time_ratio_low_mmap"] = ratio(entry["time_s_low_mmap"],
+                                                     get(m, "dense", ref, "time_s_low_mmap"))
+                entry["loss_rel_diff"] = ratio(
+                    None if get(m, b, ref, "value") is None or get(m, "dense", ref, "value") is None
+                    else abs(get(m, b, ref, "value") - get(m, "dense", ref, "value")),
+                    abs(get(m, "dense", ref, "value") or 0.0) or None)
+                if b in growth:
+                    entry["working_gib_by_tokens"] = {n: get(m, b, n, "working_gib") for n in sizes}
+                    entry["xla_temp_gib_by_tokens"] = {n: get(m, b, n, "xla_temp_gib")
+                                                       for n in sizes}
+                    entry["chunked_mem_growth"] = ratio(get(m, b, sizes[-1], "working_gib"), w)
+                    entry["xla_temp_growth"] = ratio(get(m, b, sizes[-1], "xla_temp_gib"),
+                                                     get(m, b, ref, "xla_temp_gib"))
+            per_method[m][b] = entry
+
+    def worst(key, fn):
+        vals = [per_method[m][args.backend].get(key) for m in methods]
+        return None if any(v is None for v in vals) else fn(vals)
+
     summary = {
-        "bench": "logits_memory", "quick": args.quick, "vocab": vocab, "hidden": hidden,
-        "reference_tokens": ref, "chunked_tokens": sizes,
-        "chunk_size": args.chunk_size or fused_chunk_size(ref, vocab),
-        "remat_chunk_size": args.chunk_size or default_chunk_size(vocab),
-        "peak_mem_ratio": min(v["peak_mem_ratio"] for v in per_loss.values()),
-        "time_ratio": max(v["time_ratio"] for v in per_loss.values()),
-        # None when no loss ran at the larger sizes (--growth-losses "")
-        "chunked_mem_growth": max((v["chunked_mem_growth"] for v in per_loss.values()
-                                   if v["chunked_mem_growth"] is not None), default=None),
-        "per_loss": per_loss, "results": results, "machine": machine(),
+        "bench": "logits_memory", "quick": args.quick, "loss_fns": methods,
+        "backend": args.backend, "vocab": vocab, "hidden": hidden, "reference_tokens": ref,
+        "chunked_tokens": sizes, "chunk_size": args.chunk_size,
+        "peak_mem_ratio": worst("peak_mem_ratio", min),
+        "time_ratio": worst("time_ratio", max),
+        "chunked_mem_growth": worst("chunked_mem_growth", max),
     }
+    summary["goals"] = {
+        "peak_mem_ratio >= 8": None if summary["peak_mem_ratio"] is None
+        else summary["peak_mem_ratio"] >= GOALS["peak_mem_ratio"],
+        "chunked_mem_growth <= 1.5": None if summary["chunked_mem_growth"] is None
+        else summary["chunked_mem_growth"] <= GOALS["chunked_mem_growth"],
+        "time_ratio <= 1.3": None if summary["time_ratio"] is None
+        else summary["time_ratio"] <= GOALS["time_ratio"],
+    }
+    print(f"\n{'method':6s} {'backend':11s} {'working GiB':>11s} {'XLA temp':>9s} {'time s':>8s} "
+          f"{'mem ratio':>9s} {'time ratio':>10s} {'growth':>7s}")
+    for m in methods:
+        for b in per_method[m]:
+            e = per_method[m][b]
+            print(f"{m:6s} {b:11s} {_fmt(e['working_gib']):>11s} {_fmt(e['xla_temp_gib']):>9s} "
+                  f"{_fmt(e['time_s'], 2):>8s} {_fmt(e.get('peak_mem_ratio'), 1):>9s} "
+                  f"{_fmt(e.get('time_ratio'), 2):>10s} {_fmt(e.get('chunked_mem_growth'), 2):>7s}")
+    summary.update(per_method=per_method, results=results,
+                   machine={**machine(), "load_avg_start": load_start,
+                            "load_avg_end": os.getloadavg()})
     print(json.dumps(summary))
+    return summary
 
 
 if __name__ == "__main__":

@@ -1,18 +1,19 @@
 """Throughput and memory of a GRPO train step on SmolLM2-135M (CPU): dense vs chunked LM head.
 
 What is measured: one :class:`hindsight.train.TrainStep` (forward + backward + AdamW, one
-micro-batch, single device) of a GRPO clipped-surrogate loss with an entropy metric, on a random
-teacher-forced batch of ``B`` rows of ``S`` tokens, in two forms:
+micro-batch, single device) of the GRPO method's own loss (``get_method("grpo").loss_fn``: the
+clipped-surrogate ``policy`` term plus its metrics, entropy included) on a random teacher-forced
+batch in the :mod:`hindsight.batch` layout, ``B`` rows of ``S`` tokens (an ``S / 16``-token
+prompt, the rest response tokens, all in the loss), with the step's LM head (``make_train_step(head=LMHead(backend=...))``)
+in two forms:
 
-* ``dense``: the model returns float32 logits ``[B, S, V]``; :func:`hindsight.ops.token_logprobs`
-  and :func:`hindsight.ops.entropy` run on them;
-* ``chunked``: the model returns hidden states ``[B, S, D]`` and
-  :func:`hindsight.ops.chunked_token_logprobs` (``with_entropy=True``) projects them through
-  ``model.unembedding()`` block by block, so ``[B, S, V]`` logits never exist;
+* ``dense``: ``LMHead(backend="dense")``, float32 ``[B, T, V]`` logits at once;
+* ``chunked``: ``LMHead(backend=--backend)`` (default: the training default,
+  ``LMHead().backend``), so that ``[B, T, V]`` logits never exist;
 
 each in float32 and in bfloat16 compute (float32 parameters, i.e. mixed precision). Layers are
 rematerialised in the backward pass (``remat=True``, the usual memory setting for training; the
-saved activations are then one ``[B, S, D]`` per layer, and the LM head's ``[B, S, V]`` float32
+saved activations are then one ``[B, S, D]`` per layer, and the LM head's ``[B, T, V]`` float32
 logits are the largest tensor of the step); ``--no-remat`` keeps every layer's activations.
 
 How. Each dtype runs in a fresh child process that loads the model once, builds one train state
@@ -23,9 +24,10 @@ It then alternates timed steps of the two forms (``dense, chunked, dense, ...``)
 the same machine load, and reports the median step time; tokens/s counts every token of the batch
 (``B * S``). The process's peak resident set is reported too (both forms together).
 
-The last stdout line is one JSON object: ``chunked_time_ratio`` (chunked / dense step time) and
-``chunked_peak_mem_ratio`` (chunked / dense peak temporaries), both for float32, the same two with
-a ``_bfloat16`` suffix, every measurement and the machine.
+The last stdout line is one JSON object: ``backend`` (the chunked form's backend),
+``chunked_time_ratio`` (chunked / dense step time) and ``chunked_peak_mem_ratio`` (chunked / dense
+peak temporaries), both for float32, the same two with a ``_bfloat16`` suffix, every measurement
+and the machine (with the load average before and after).
 """
 from __future__ import annotations
 
@@ -50,36 +52,35 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def grpo_loss(model, batch, *, chunked: bool):
-    """GRPO loss ``(sum, count, metrics)`` from logits (dense) or hidden states (chunked)."""
-    import jax
-    import jax.numpy as jnp
+def make_rows(vocab: int, b: int, s: int, seed: int = 0) -> dict:
+    """``b`` rows of ``s`` random tokens in the :mod:`hindsight.batch` layout: an ``s // 16``-token
+    prompt, the rest the response (every response token in the loss); ``logp_old`` near the
+    log-prob of a uniform policy, advantages ~ N(0, 1)."""
+    import numpy as np
 
-    import hindsight.ops as ops
-    from hindsight.objectives import aggregate, policy_loss
+    from hindsight.batch import build_batch
 
-    tokens = batch["tokens"]
-    targets, mask = tokens[:, 1:], batch["mask"][:, 1:]
-    out, _ = model(tokens, batch["positions"], return_hidden=chunked)
-    if chunked:
-        logp, ent = ops.chunked_token_logprobs(out[:, :-1], model.unembedding(), targets,
-                                               with_entropy=True)
-    else:
-        logits = out[:, :-1]
-        logp, ent = ops.token_logprobs(logits, targets), ops.entropy(logits)
-    total, count, metrics = policy_loss(logp, batch["logp_old"], batch["advantages"], mask)
-    metrics["entropy"] = aggregate(jax.lax.stop_gradient(ent.astype(jnp.float32)), mask)
-    return total, count, metrics
+    rng = np.random.default_rng(seed)
+    prompt = s // 16
+    t = s - prompt
+    tokens = rng.integers(0, vocab, (b, s), dtype=np.int32)
+    return build_batch(
+        tokens=tokens, positions=np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
+        attention_mask=np.ones((b, s), np.int32), targets=tokens[:, prompt:].copy(),
+        target_index=np.broadcast_to(prompt - 1 + np.arange(t, dtype=np.int32), (b, t)).copy(),
+        mask=np.ones((b, t), np.float32),
+        logp_old=(-np.log(vocab) + rng.standard_normal((b, t))).astype(np.float32),
+        advantages=rng.standard_normal(b).astype(np.float32))
 
 
 def run_child(cfg: dict) -> dict:
     """Both LM-head forms for one dtype, in this fresh process; returns their measurements."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     import hindsight.models as models
     import hindsight.train as ht
+    from hindsight.methods import LMHead, get_method
 
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[cfg["dtype"]]
     t0 = time.perf_counter()
@@ -87,40 +88,36 @@ def run_child(cfg: dict) -> dict:
                            remat=cfg["remat"], tokenizer=False)
     load_s = time.perf_counter() - t0
     b, s, vocab = cfg["batch"], cfg["seq"], model.config.vocab_size
-    rng = np.random.default_rng(0)
-    mask = np.zeros((b, s), np.float32)
-    mask[:, s // 4:] = 1.0
-    host = {"tokens": rng.integers(0, vocab, (b, s), dtype=np.int32),
-            "positions": np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)).copy(),
-            "mask": mask,
-            "logp_old": (-np.log(vocab) + rng.standard_normal((b, s - 1))).astype(np.float32),
-            "advantages": rng.standard_normal(b).astype(np.float32)}
+    rows = make_rows(vocab, b, s)
+    method = get_method("grpo")
+    impls = {"dense": "dense", "chunked": cfg["backend"]}
 
     mesh = ht.make_mesh(ht.MeshConfig(data=1), devices=jax.devices()[:1])
     optim = ht.OptimConfig(learning_rate=1e-6)
     tx = ht.make_optimizer(optim)
     state, shardings, model_def = ht.create_train_state(model, tx, mesh=mesh)
     del model
-    batch = ht.shard_batch(host, mesh)
     steps, out = {}, {}
     for impl in IMPLS:
         steps[impl] = ht.make_train_step(
-            grpo_loss, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
-            config=ht.StepConfig(batch_size=b), loss_kwargs={"chunked": impl == "chunked"},
-            schedule=ht.make_schedule(optim), max_grad_norm=optim.max_grad_norm)
+            method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
+            config=ht.StepConfig(batch_size=b), loss_kwargs={"config": method.config},
+            head=LMHead(backend=impls[impl]), schedule=ht.make_schedule(optim),
+            max_grad_norm=optim.max_grad_norm)
         t0 = time.perf_counter()
-        compiled = steps[impl].lower(state, batch).compile()  # cached: no recompile on call
+        compiled = steps[impl].lower(state, rows).compile()  # cached: no recompile on call
         mem = compiled.memory_analysis()
-        out[impl] = {"impl": impl, **cfg, "compile_s": time.perf_counter() - t0, "load_s": load_s,
+        out[impl] = {**cfg, "impl": impl, "backend": impls[impl],
+                     "compile_s": time.perf_counter() - t0, "load_s": load_s,
                      "xla_temp_gib": mem.temp_size_in_bytes / GIB, "times_s": []}
-        state, metrics = steps[impl](state, batch)  # warm-up (also compiles the update program)
+        state, metrics = steps[impl](state, rows)  # warm-up (also compiles the update program)
         out[impl]["first_loss"] = float(metrics["loss"])
     # Alternate the two forms so that both see the same machine load; one state flows through
     # both steps (same structure and shardings), so memory holds a single copy of it.
     for _ in range(cfg["repeats"]):
         for impl in IMPLS:
             t0 = time.perf_counter()
-            state, metrics = steps[impl](state, batch)
+            state, metrics = steps[impl](state, rows)
             jax.block_until_ready(metrics)
             out[impl]["times_s"].append(time.perf_counter() - t0)
     for r in out.values():
@@ -141,12 +138,16 @@ def run_config(cfg: dict, *, timeout: float) -> dict:
 
 
 def main(argv=None) -> dict:
+    from hindsight.methods import LMHead
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size: B=4, S=256, 2 repeats")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--backend", default=LMHead().backend, choices=("scan", "fused"),
+                        help="the chunked form's LM-head backend (default: the training default)")
     parser.add_argument("--no-remat", dest="remat", action="store_false",
                         help="keep every layer's activations instead of rematerialising them")
     parser.add_argument("--timeout", type=float, default=1200.0)
@@ -160,15 +161,18 @@ def main(argv=None) -> dict:
     batch = args.batch or (4 if args.quick else 8)
     seq = args.seq or 256
     repeats = args.repeats or (2 if args.quick else 3)
+    load_start = os.getloadavg()
     results, summary = [], {"benchmark": "train_step", "model": "smollm2-135m-instruct",
-                            "batch": batch, "seq": seq, "remat": args.remat, "quick": args.quick}
+                            "loss_fn": "grpo", "backend": args.backend, "batch": batch,
+                            "seq": seq, "remat": args.remat, "quick": args.quick}
     for dtype in args.dtypes.split(","):
         out = run_config({"dtype": dtype, "batch": batch, "seq": seq, "repeats": repeats,
-                          "remat": args.remat},
+                          "remat": args.remat, "backend": args.backend},
                          timeout=args.timeout)
         dense, chunked = out["dense"], out["chunked"]
         for r in (dense, chunked):
-            print(f"{dtype:>8} {r['impl']:>7}: {r['tokens_per_s']:8.1f} tok/s  step "
+            print(f"{dtype:>8} {r['impl']:>7} ({r['backend']:5s}): {r['tokens_per_s']:8.1f} tok/s"
+                  f"  step "
                   f"{r['step_time_s']:.3f} s  XLA peak temporaries {r['xla_temp_gib']:.3f} GiB  "
                   f"(compile {r['compile_s']:.1f} s)", flush=True)
         suffix = "" if dtype == "float32" else f"_{dtype}"
@@ -182,7 +186,8 @@ def main(argv=None) -> dict:
         results += [dense, chunked]
     summary["runs"] = results
     summary["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
-                          "cpus": os.cpu_count(), "load_avg": os.getloadavg()}
+                          "cpus": os.cpu_count(), "load_avg_start": load_start,
+                          "load_avg_end": os.getloadavg()}
     print(json.dumps(summary))
     return summary
 

@@ -19,15 +19,7 @@ import jax.numpy as jnp
 from hindsight._validation import check_choice
 from hindsight.batch import context_key
 from hindsight.objectives import aggregate, term
-from hindsight.ops import chunked_map
-
-LM_HEAD_BACKENDS = ("scan",)  # TEMPORARY until ops grows the backends
-
-
-def lm_head_map(row, hiddens, unembeds, extras, *, backend, chunk_size, vocab_mask, temperature,
-                frozen):
-    return chunked_map(row, hiddens, unembeds, extras, chunk_size=chunk_size,
-                       vocab_mask=vocab_mask, temperature=temperature)
+from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT, lm_head_map
 
 
 class Side(NamedTuple):
@@ -45,15 +37,15 @@ class LMHead:
     """How a loss projects hidden states to the vocabulary (``train.lm_head``).
 
     Attributes:
-      backend: ``"scan"`` (blocks of rows in a ``lax.scan`` under remat), ``"fused"`` (blocks in a
-        custom-VJP scan that recomputes each block's logits in the backward pass and accumulates
+      backend: ``"scan"`` (blocks of rows in a ``lax.scan`` under remat), ``"fused"`` (the
+        default, :data:`hindsight.ops.LM_HEAD_DEFAULT`: blocks in a custom-VJP scan that recomputes each block's logits in the backward pass and accumulates
         the unembedding gradient in float32 tiles) or ``"dense"`` (all logits at once: the
         reference, for small vocabularies); see :func:`hindsight.ops.lm_head_map`.
       chunk_size: rows per block (None: the backend's default for the vocabulary size).
       vocab_mask: optional ``[V]`` bool, True for real vocabulary entries; padded rows of the
         unembedding (the Qwen family pads 151,665 tokens to 151,936) then take no probability.
     """
-    backend: str = dataclasses.field(default="scan", metadata=dict(static=True))
+    backend: str = dataclasses.field(default=LM_HEAD_DEFAULT, metadata=dict(static=True))
     chunk_size: int | None = dataclasses.field(default=None, metadata=dict(static=True))
     vocab_mask: jax.Array | None = None
 
@@ -97,8 +89,8 @@ def gather(logp: jax.Array, tokens: jax.Array) -> jax.Array:
     return jnp.take_along_axis(logp, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
 
 
-def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, *,
-               head: LMHead | None = None, temperature: float = 1.0) -> dict[str, jax.Array]:
+def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, mask: jax.Array,
+               *, head: LMHead | None = None, temperature: float = 1.0) -> dict[str, jax.Array]:
     """Per-position vocabulary reductions over named sides, through the LM head.
 
     Args:
@@ -108,19 +100,26 @@ def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, 
         independent. Outputs that are metrics should be ``stop_gradient``'ed inside ``row_fn``.
       sides: ``{name: Side}``, e.g. from :func:`context_hidden`.
       targets: ``[B, T]`` int.
-      head: the :class:`LMHead` (default: ``LMHead()``, the scan backend).
+      mask: ``[B, T]`` loss mask (bool or 0/1 float). The hidden states of masked positions are
+        replaced by zeros before the projection, so whatever padding holds (NaN included) reaches
+        neither a value nor a gradient; their outputs are those of uniform logits.
+      head: the :class:`LMHead` (default: ``LMHead()``, the fused backend).
       temperature: divides every side's logits.
     Returns:
       ``row_fn``'s dict with each leaf ``[B, T]``.
     """
     head = LMHead() if head is None else head
     names = tuple(sides)
+    live = (jnp.asarray(mask) > 0)[..., None]
+    # a select, not a product: 0 * NaN would still be NaN (and so would the unembedding's gradient)
+    hiddens = [jnp.where(live, sides[n].hidden, jnp.zeros((), sides[n].hidden.dtype))
+               for n in names]
 
     def row(logits, extras):
         logp = {n: jax.nn.log_softmax(z) for n, z in zip(names, logits)}
         return row_fn(logp, extras[0])
 
-    return lm_head_map(row, [sides[n].hidden for n in names], [sides[n].unembed for n in names],
+    return lm_head_map(row, hiddens, [sides[n].unembed for n in names],
                        (targets,), backend=head.backend, chunk_size=head.chunk_size,
                        vocab_mask=head.vocab_mask, temperature=temperature,
                        frozen=tuple(bool(sides[n].frozen) for n in names))

@@ -101,6 +101,24 @@ def from_chunks(y: jax.Array, lead: tuple) -> jax.Array:
     return jnp.reshape(y, tuple(lead) + shape_of(y)[1:])
 
 
+def shifted_block(j, size: int, total: int) -> tuple[jax.Array, jax.Array]:
+    """``(start, fresh [size] bool)`` of block ``j`` of ``size`` items over ``total >= size`` items.
+
+    Block ``j`` covers ``[start, start + size)`` with ``start = min(j * size, total - size)``: the last
+    block is shifted back to end at ``total`` instead of running past it, and its items below
+    ``j * size`` (already covered by the block before) are not ``fresh``. Blocked loops use this
+    instead of padding, which would copy the padded arrays."""
+    start = jnp.minimum(j * size, total - size)
+    return start, start + jnp.arange(size) >= j * size
+
+
+def put_rows(out: jax.Array, start, fresh: jax.Array, rows: jax.Array) -> jax.Array:
+    """``out[start:start + C] = rows`` where ``fresh``, in place (stale rows keep their values)."""
+    old = jax.lax.dynamic_slice_in_dim(out, start, shape_of(rows)[0], axis=0)
+    keep = jnp.reshape(fresh, (-1,) + (1,) * (rows.ndim - 1))
+    return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(keep, rows, old), start, axis=0)
+
+
 def temper_and_mask(z: jax.Array, vocab_mask: jax.Array | None, temperature: float) -> jax.Array:
     """Float32 logits from raw projections ``z [C, V]``: divided by the temperature, then masked.
 
@@ -109,6 +127,14 @@ def temper_and_mask(z: jax.Array, vocab_mask: jax.Array | None, temperature: flo
     if temperature != 1.0:
         z = z / temperature
     return masked_logits(z, vocab_mask)
+
+
+def project_rows(h: jax.Array, rows_t: jax.Array, vocab_mask: jax.Array | None,
+                 temperature: float) -> jax.Array:
+    """:func:`project` through the transposed unembedding ``rows_t [V, D]``: ``h @ rows_t.T``."""
+    return temper_and_mask(jax.lax.dot_general(h, rows_t, (((h.ndim - 1,), (1,)), ((), ())),
+                                               preferred_element_type=jnp.float32),
+                           vocab_mask, temperature)
 
 
 def project(h: jax.Array, w: jax.Array, vocab_mask: jax.Array | None, temperature: float) -> jax.Array:

@@ -1,33 +1,37 @@
 """Vocabulary reductions computed from hidden states and an unembedding, chunk by chunk.
 
-``chunked_map`` projects hidden states ``[..., D]`` through unembeddings ``[D, V]`` one block of
-``chunk_size`` rows at a time inside a ``lax.scan`` whose body is under ``jax.checkpoint``: the forward
+Each reduction runs :func:`hindsight.ops.lm_head_map` with its ``"scan"`` backend: hidden states
+``[..., D]`` go through unembeddings ``[D, V]`` one block of ``chunk_size`` rows at a time inside a
+``lax.scan`` whose body is under ``jax.checkpoint``: the forward
 pass keeps only per-row outputs, and the backward pass recomputes each block's logits, so neither
 pass ever holds float32 logits for more than ``chunk_size`` rows. Gradients flow to the hidden
 states, the unembeddings and float extras. The public reductions mirror the dense ops in
 :mod:`hindsight.ops.logprobs`, :mod:`~hindsight.ops.divergences` and :mod:`~hindsight.ops.topk`, and
 apply those same functions to each block, so the math exists once.
 
+(The training path's methods call ``lm_head_map`` themselves, with the backend of
+``train.lm_head``, default ``"fused"``; these reductions are for scoring, sampling and tests, and
+keep the scan path, which also supports forward-mode differentiation.)
+
 For a weighted-sum distillation loss, :func:`hindsight.ops.fused.fused_distillation_loss` is faster:
 it produces the gradients in the forward scan instead of recomputing the logits.
 
-Gradient notes: JAX accumulates an unembedding's gradient across chunks in the unembedding's own
-dtype (pass a float32 unembedding when a bf16 sum over many chunks is not accurate enough), and adds
-each block's ``[D, V]`` contribution whole, so the backward pass holds one extra gradient-sized
-buffer. The fused path accumulates in float32, tile by tile, and avoids both.
+Gradient notes: with the scan backend JAX accumulates an unembedding's gradient across chunks in
+the unembedding's own dtype (pass a float32 unembedding when a bf16 sum over many chunks is not
+accurate enough), and adds each block's ``[D, V]`` contribution whole, so the backward pass holds
+one extra gradient-sized buffer. The fused backend (and ``fused_distillation_loss``) accumulate in
+float32, tile by tile, and avoid both.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
 
 import jax
-import jax.numpy as jnp
 
 from hindsight._validation import check_tokens_in_vocab, shape_of
-from hindsight.ops._chunking import (check_extra, check_projection,
-                                     check_temperature, check_vocab_mask, chunk_rows, from_chunks,
-                                     project, to_chunks)
+from hindsight.ops._chunking import check_projection
 from hindsight.ops.divergences import generalized_jsd_from_logprobs, kl_from_logprobs
+from hindsight.ops.lm_head import lm_head_map
 from hindsight.ops.logprobs import entropy_from_logprobs, token_logprobs
 from hindsight.ops.topk import topk_divergence
 
@@ -37,48 +41,7 @@ def _check_pair(student_hidden, teacher_hidden, unembed, teacher_unembed) -> Non
                       ("teacher_hidden", teacher_hidden, "teacher_unembed", teacher_unembed)])
 
 
-def chunked_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequence[jax.Array],
-                extras: Sequence[jax.Array] = (), *, chunk_size: int | None = None,
-                vocab_mask: jax.Array | None = None, temperature: float = 1.0):
-    """Apply ``row_fn`` to the logits of each block of positions, never materialising all logits.
-
-    Args:
-      row_fn: ``row_fn(logits, extras) -> pytree of [C, ...]``, where ``logits`` is a tuple with one
-        float32 ``[C, V]`` array per hidden tensor (``hiddens[i] @ unembeds[i]``, divided by
-        ``temperature``, padded vocabulary at ``PAD_LOGIT``) and ``extras`` a tuple of the matching
-        ``[C, ...]`` rows of each extra. Rows must be independent (no mixing across the ``C`` axis).
-      hiddens: sequence of ``[..., D_i]`` arrays sharing one leading shape ``L`` (e.g. ``[B, T]``).
-      unembeds: sequence of ``[D_i, V]`` arrays, one per hidden tensor, all with the same ``V``.
-      extras: sequence of per-position arrays ``[*L, ...]`` (token ids, float targets, ...).
-      chunk_size: rows per block (static int); None picks :func:`~hindsight.ops.default_chunk_size`
-        from V (64 at V = 151,936).
-      vocab_mask: optional ``[V]`` bool, True for real vocabulary entries.
-      temperature: static float > 0 dividing every logit.
-    Returns:
-      ``row_fn``'s pytree with the row axis unflattened: leaves ``[*L, ...]``.
-    """
-    hiddens, unembeds, extras = tuple(hiddens), tuple(unembeds), tuple(extras)
-    if len(hiddens) != len(unembeds) or not hiddens:
-        raise ValueError(f"`hiddens` and `unembeds` must be non-empty and of equal length, got "
-                         f"{len(hiddens)} and {len(unembeds)}")
-    lead, vocab = check_projection([(f"hiddens[{i}]", h, f"unembeds[{i}]", w)
-                                    for i, (h, w) in enumerate(zip(hiddens, unembeds))])
-    check_vocab_mask(vocab_mask, vocab)
-    for i, e in enumerate(extras):
-        check_extra(f"extras[{i}]", e, lead)
-    temperature = check_temperature(temperature)
-    chunk = chunk_rows(lead, vocab, chunk_size)
-
-    def body(_, xs):
-        h_c, e_c = xs
-        logits = tuple(project(h, w, vocab_mask, temperature) for h, w in zip(h_c, unembeds))
-        return None, row_fn(logits, e_c)
-
-    xs = (tuple(to_chunks(h, lead, chunk) for h in hiddens),
-          tuple(to_chunks(e, lead, chunk) for e in extras))
-    # scan already stops XLA from merging iterations, so the CSE barrier of checkpoint is not needed.
-    _, ys = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), None, xs)
-    return jax.tree.map(lambda y: from_chunks(y, lead), ys)
+_scan = functools.partial(lm_head_map, backend="scan")
 
 
 def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, tokens: jax.Array, *,
@@ -105,7 +68,7 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, tokens: jax.Ar
         lp = token_logprobs(z, tok)
         return (lp, entropy_from_logprobs(jax.nn.log_softmax(z))) if with_entropy else lp
 
-    return chunked_map(row, (hidden,), (unembed,), (tokens,), chunk_size=chunk_size,
+    return _scan(row, (hidden,), (unembed,), (tokens,), chunk_size=chunk_size,
                        vocab_mask=vocab_mask, temperature=temperature)
 
 
@@ -113,7 +76,7 @@ def chunked_entropy(hidden: jax.Array, unembed: jax.Array, *, chunk_size: int | 
                     vocab_mask: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
     """Chunked :func:`~hindsight.ops.entropy`: ``hidden [B, T, D]``, ``unembed [D, V]`` -> ``[B, T]``."""
     check_projection([("hidden", hidden, "unembed", unembed)])
-    return chunked_map(lambda logits, _: entropy_from_logprobs(jax.nn.log_softmax(logits[0])),
+    return _scan(lambda logits, _: entropy_from_logprobs(jax.nn.log_softmax(logits[0])),
                        (hidden,), (unembed,), chunk_size=chunk_size, vocab_mask=vocab_mask,
                        temperature=temperature)
 
@@ -132,7 +95,7 @@ def chunked_kl(p_hidden: jax.Array, q_hidden: jax.Array, unembed: jax.Array, *,
     q_unembed = unembed if q_unembed is None else q_unembed
     check_projection([("p_hidden", p_hidden, "unembed", unembed),
                       ("q_hidden", q_hidden, "q_unembed", q_unembed)])
-    return chunked_map(
+    return _scan(
         lambda logits, _: kl_from_logprobs(*(jax.nn.log_softmax(z) for z in logits)),
         (p_hidden, q_hidden), (unembed, q_unembed), chunk_size=chunk_size, vocab_mask=vocab_mask,
         temperature=temperature)
@@ -158,7 +121,7 @@ def chunked_generalized_jsd(student_hidden: jax.Array, teacher_hidden: jax.Array
     """
     teacher_unembed = unembed if teacher_unembed is None else teacher_unembed
     _check_pair(student_hidden, teacher_hidden, unembed, teacher_unembed)
-    return chunked_map(
+    return _scan(
         lambda logits, _: generalized_jsd_from_logprobs(
             *(jax.nn.log_softmax(z) for z in logits), beta),
         (student_hidden, teacher_hidden), (unembed, teacher_unembed), chunk_size=chunk_size,
@@ -177,7 +140,7 @@ def chunked_topk_divergence(student_hidden: jax.Array, teacher_hidden: jax.Array
     """
     teacher_unembed = unembed if teacher_unembed is None else teacher_unembed
     _check_pair(student_hidden, teacher_hidden, unembed, teacher_unembed)
-    return chunked_map(
+    return _scan(
         lambda logits, _: topk_divergence(*logits, beta, k=k, support=support),
         (student_hidden, teacher_hidden), (unembed, teacher_unembed), chunk_size=chunk_size,
         vocab_mask=vocab_mask, temperature=temperature)

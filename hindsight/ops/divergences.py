@@ -19,13 +19,24 @@ from hindsight.ops.logprobs import LOGP_FLOOR, log_softmax
 def kl_from_logprobs(lp: jax.Array, lq: jax.Array) -> jax.Array:
     """``KL(p || q)`` from float32 log-probs ``[..., V] -> [...]``.
 
-    Terms where ``lp < LOGP_FLOOR`` are exactly 0 (``p = 0`` contributes nothing), selected *before*
-    the product so that no ``0 * inf`` reaches the backward pass.
+    Terms where ``lp <= LOGP_FLOOR`` are exactly 0 (``p = 0`` contributes nothing, a banned token at
+    ``-inf`` included), selected *before* the product so that no ``0 * inf`` reaches the backward
+    pass. A NaN ``lp`` is live: it makes the value NaN instead of vanishing from it.
     """
-    live = lp > LOGP_FLOOR
+    live = _live(lp)
     lp_safe = jnp.where(live, lp, 0.0)
     terms = jnp.where(live, jnp.exp(lp_safe) * (lp_safe - jnp.where(live, lq, 0.0)), 0.0)
     return jnp.sum(terms, axis=-1)
+
+
+def _live(logp: jax.Array) -> jax.Array:
+    """Entries that carry probability: not ``<= LOGP_FLOOR`` (so NaN counts as live)."""
+    return jnp.logical_not(logp <= LOGP_FLOOR)
+
+
+MIX_FLOOR = -1e30
+"""Log-probs enter the JSD mixture's ``logaddexp`` floored here: an entry at ``-inf`` in both
+distributions (a banned token) would give ``logaddexp(-inf, -inf)``, whose gradient is NaN."""
 
 
 def generalized_jsd_from_logprobs(student_logp: jax.Array, teacher_logp: jax.Array,
@@ -40,7 +51,10 @@ def generalized_jsd_from_logprobs(student_logp: jax.Array, teacher_logp: jax.Arr
         return kl_from_logprobs(teacher_logp, student_logp)
     if beta == 1.0:
         return kl_from_logprobs(student_logp, teacher_logp)
-    mix = jnp.logaddexp(teacher_logp + math.log(beta), student_logp + math.log1p(-beta))
+    # floored (NaN stays NaN): the mixture of an entry at -inf on both sides is then finite, and its
+    # term is dropped by the selects of kl_from_logprobs with a zero cotangent
+    mix = jnp.logaddexp(jnp.maximum(teacher_logp, MIX_FLOOR) + math.log(beta),
+                        jnp.maximum(student_logp, MIX_FLOOR) + math.log1p(-beta))
     return (beta * kl_from_logprobs(teacher_logp, mix)
             + (1.0 - beta) * kl_from_logprobs(student_logp, mix))
 

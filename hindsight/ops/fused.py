@@ -3,7 +3,9 @@
 For ``loss_sum = sum_{b,t} w[b,t] * f(log_softmax(h_s[b,t] @ W / tau), log_softmax(h_t[b,t] @ W_t / tau))``
 the gradient of each row's loss w.r.t. its logits is local to the row. So a single ``lax.scan`` over
 blocks of rows can, per block: project student and teacher, form ``dlogits``, then emit
-``grad_h = dlogits @ W^T`` and accumulate ``grad_W += h^T @ dlogits`` in float32. The custom VJP's
+``grad_h = dlogits @ W^T`` and accumulate ``grad_W += h^T @ dlogits`` in float32, one vocabulary
+slab at a time with the LM head's fused backend's tile loop (:func:`hindsight.ops.lm_head._tile_pass`,
+unembeddings in their memory orientation, see :mod:`hindsight.ops.lm_head`). The custom VJP's
 backward pass only scales these by the scalar cotangent, so no logits are recomputed. When the loss
 is not differentiated, the primal path runs a value-only scan and computes no gradient.
 
@@ -29,23 +31,19 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float, shape_of
+from hindsight.ops import lm_head as _lm
 from hindsight.ops._chunking import (check_projection, check_temperature,
                                      check_vocab_mask, chunk_rows, default_chunk_size,
-                                     project, temper_and_mask)
+                                     put_rows, shifted_block, temper_and_mask)
 from hindsight.ops.divergences import generalized_jsd_from_logprobs, kl_from_logprobs
 from hindsight.ops.logprobs import PAD_LOGIT
 
 DISTILLATION_LOSSES = ("reverse_kl", "forward_kl", "jsd")
 
-VOCAB_TILE = 8192
-"""Unembedding-gradient columns updated per step. Adding a whole ``h^T @ dlogits`` block at once
-would hold a second float32 ``[D, V]`` buffer (as large as the gradient itself); tiles bound that
-temporary to ``[D, VOCAB_TILE]`` while the accumulator is updated in place."""
-
 FUSED_BLOCK_BYTES = 224 * 2 ** 20
 """Budget of the float32 ``[C, V]`` buffers a block of the closed-form path holds (two: the student
-and teacher logits, ``dlogits`` overwriting the student's; the ``[D, VOCAB_TILE]`` gradient tile
-reuses the teacher's once it is dead). At ``V = 151,936`` that is at most 192 rows, 176 for 1,024
+and teacher logits, ``dlogits`` overwriting the student's; the gradient tiles of
+:data:`hindsight.ops.lm_head.VOCAB_TILE` rows are small beside them). At ``V = 151,936`` that is at most 192 rows, 176 for 1,024
 tokens (six even blocks): XLA plans 0.2 GiB of temporaries, and the measured working memory (about
 0.29 GiB) is a ninth of the dense reverse KL's there, the smaller of the two dense losses'."""
 
@@ -74,6 +72,7 @@ class _Config(NamedTuple):
     lead: tuple
     chunk: int
     temperature: float
+    rows: tuple = ()              # per unembedding (student, *teachers): a [V, D] loop operand
 
 
 # ---- closed-form value and dlogits of the built-in losses ------------------------------------------
@@ -239,23 +238,16 @@ class _Blocks(NamedTuple):
     def take(self, cfg, j):
         """``(start, fresh [C] bool, hs_c, hts_c, w_c)`` of block ``j`` (stale rows: weight 0)."""
         c = cfg.chunk
-        start = jnp.minimum(j * c, self.n - c)
-        fresh = start + jnp.arange(c) >= j * c
+        start, fresh = shifted_block(j, c, self.n)
         rows = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=0)
         return (start, fresh, rows(self.hs), tuple(map(rows, self.hts)),
                 jnp.where(fresh, rows(self.w), 0.0))
 
 
-def _put_rows(out, start, fresh, rows):
-    """``out[start:start + C] = rows`` where ``fresh``, in place (stale rows keep their values)."""
-    old = jax.lax.dynamic_slice_in_dim(out, start, shape_of(rows)[0], axis=0)
-    keep = jnp.reshape(fresh, (-1,) + (1,) * (rows.ndim - 1))
-    return jax.lax.dynamic_update_slice_in_dim(out, jnp.where(keep, rows, old), start, axis=0)
-
-
 def _teacher_logps(cfg, ht_c, t_unembeds, vocab_mask):
-    return tuple(jax.nn.log_softmax(project(h, w, vocab_mask, cfg.temperature))
-                 for h, w in zip(ht_c, t_unembeds))
+    return tuple(jax.nn.log_softmax(temper_and_mask(_lm._project_raw(h, w, r), vocab_mask,
+                                                    cfg.temperature))
+                 for h, w, r in zip(ht_c, t_unembeds, cfg.rows[1:]))
 
 
 def _logit_map(cfg, vocab_mask):
@@ -268,10 +260,10 @@ def _logit_map(cfg, vocab_mask):
 
 def _block(cfg, hs_c, ht_c, w_c, unembed, t_unembeds, vocab_mask, with_grad):
     """``(f [C], dz [C, V] or None)`` of one block: per-row losses and ``d(sum w f)/dz_s``."""
-    z = jnp.matmul(hs_c, unembed, preferred_element_type=jnp.float32)
+    z = _lm._project_raw(hs_c, unembed, cfg.rows[0])
     live = w_c != 0
     if cfg.closed is not None:
-        zt = jnp.matmul(ht_c[0], t_unembeds[0], preferred_element_type=jnp.float32)
+        zt = _lm._project_raw(ht_c[0], t_unembeds[0], cfg.rows[1])
         g = jnp.where(live, w_c, 0.0) if with_grad else None
         f, dz = cfg.closed(z, zt, _logit_map(cfg, vocab_mask), g)
     else:
@@ -292,24 +284,6 @@ def _block(cfg, hs_c, ht_c, w_c, unembed, t_unembeds, vocab_mask, with_grad):
 def _weighted(w_c, f):
     # `where`, not a product: a zero-weight row whose loss is inf/NaN still contributes exactly 0.
     return jnp.where(w_c != 0, w_c * f, 0.0)
-
-
-def _accumulate_grad_w(grad_w: jax.Array, h: jax.Array, dz: jax.Array) -> jax.Array:
-    """``grad_w [D, V] + h [C, D]^T @ dz [C, V]`` in float32, one vocabulary tile at a time."""
-    vocab = shape_of(grad_w)[1]
-    tile = min(VOCAB_TILE, vocab)
-
-    def step(j, g):
-        # The last tile is shifted left to stay inside V; columns it shares with the previous tile
-        # were already added, so they are zeroed here.
-        start = jnp.minimum(j * tile, vocab - tile)
-        fresh = start + jnp.arange(tile) >= j * tile
-        dz_t = jnp.where(fresh, jax.lax.dynamic_slice_in_dim(dz, start, tile, axis=1), 0.0)
-        upd = jax.lax.dynamic_slice_in_dim(g, start, tile, axis=1) + jnp.matmul(
-            h.T, dz_t, preferred_element_type=jnp.float32)
-        return jax.lax.dynamic_update_slice_in_dim(g, upd, start, axis=1)
-
-    return jax.lax.fori_loop(0, -(-vocab // tile), step, grad_w)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -333,9 +307,10 @@ def _fused_fwd(cfg, s_hidden, unembed, t_hiddens, t_unembeds, weights, vocab_mas
         acc, grad_w, grad_h, f_rows = carry
         start, fresh, hs_c, ht_c, w_c = blocks.take(cfg, j)
         f, dz = _block(cfg, hs_c, ht_c, w_c, unembed, t_unembeds, vocab_mask, with_grad=True)
-        gh = jnp.matmul(dz, unembed.T, preferred_element_type=jnp.float32).astype(grad_h.dtype)
-        return (acc + jnp.sum(_weighted(w_c, f)), _accumulate_grad_w(grad_w, hs_c, dz),
-                _put_rows(grad_h, start, fresh, gh), _put_rows(f_rows, start, fresh, f)), None
+        gh, grad_w = _lm._tile_pass(dz, unembed, cfg.rows[0], hs_c, grad_w, want_h=True)
+        return (acc + jnp.sum(_weighted(w_c, f)), grad_w,
+                put_rows(grad_h, start, fresh, gh.astype(grad_h.dtype)),
+                put_rows(f_rows, start, fresh, f)), None
 
     init = (jnp.float32(0.0), jnp.zeros(shape_of(unembed), jnp.float32),
             jnp.zeros(shape_of(blocks.hs), s_hidden.dtype), jnp.zeros((blocks.n,), jnp.float32))
@@ -416,8 +391,11 @@ def fused_distillation_loss(student_hidden: jax.Array, teacher_hidden: jax.Array
     if chunk_size is None:
         chunk_size = (default_chunk_size(vocab) if closed is None
                       else fused_chunk_size(math.prod(lead), vocab))
+    rows = tuple(map(_lm._is_transpose, (unembed, *t_unembeds)))
     cfg = _Config(row_loss, closed, lead, chunk_rows(lead, vocab, chunk_size),
-                  check_temperature(temperature))
+                  check_temperature(temperature), rows)
+    unembed = _lm._operand(unembed, rows[0])
+    t_unembeds = tuple(map(_lm._operand, t_unembeds, rows[1:]))
     w = jnp.asarray(weights)
     w = w.astype(jnp.float32) if not jnp.issubdtype(w.dtype, jnp.floating) else w
     mask = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)

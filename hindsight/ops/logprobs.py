@@ -18,6 +18,16 @@ LOGP_FLOOR = -1e4
 """Log-probabilities below this are treated as exact zeros of probability in KL-type sums."""
 
 
+def carry_nonfinite(value: jax.Array, x: jax.Array) -> jax.Array:
+    """``value`` where ``x`` is finite, NaN where it is not (``value + 0 * x``, gradient 0 for x).
+
+    For estimators that clip a log-ratio: a clip turns an infinite log-prob into a finite loss
+    whose gradient is NaN (the log-softmax of an infinite logit), which would hide a non-finite
+    model output behind a finite value. ``value`` and ``x`` broadcast together.
+    """
+    return value + 0.0 * jnp.asarray(x).astype(jnp.float32)
+
+
 def masked_logits(logits: jax.Array, vocab_mask: jax.Array | None = None) -> jax.Array:
     """Float32 copy of `logits [..., V]` with padded vocabulary entries set to ``PAD_LOGIT``.
 
@@ -69,7 +79,8 @@ def entropy(logits: jax.Array, *, vocab_mask: jax.Array | None = None) -> jax.Ar
 
 
 def entropy_from_logprobs(logp: jax.Array) -> jax.Array:
-    """Entropy from float32 log-probs ``[..., V] -> [...]``; entries below ``LOGP_FLOOR`` count as 0."""
-    live = logp > LOGP_FLOOR
+    """Entropy from float32 log-probs ``[..., V] -> [...]``; entries at or below ``LOGP_FLOOR`` count
+    as 0 (NaN ones do not: they make the entropy NaN)."""
+    live = jnp.logical_not(logp <= LOGP_FLOOR)
     safe = jnp.where(live, logp, 0.0)
     return -jnp.sum(jnp.where(live, jnp.exp(safe) * safe, 0.0), axis=-1)

@@ -8,6 +8,7 @@ import pytest
 
 import hindsight.ops as ops
 from hindsight.ops import fused as fused_mod
+from hindsight.ops import lm_head as lm_head_mod
 from hindsight.ops import masked_logits
 
 V = 53
@@ -83,7 +84,7 @@ def test_divergences_match_dense_with_teacher_unembed(rng):
           run(lambda hs, ht, w, wt: ops.topk_divergence(hs @ w, ht @ wt, beta, k=5, support="teacher")))
 
 
-def test_chunked_map_several_outputs_and_float_extras(rng):
+def test_lm_head_map_several_outputs_and_float_extras(rng):
     x = make(rng, 2, 5, 8)
     target = jnp.asarray(rng.normal(size=(2, 5, V)), jnp.float32)
 
@@ -92,7 +93,7 @@ def test_chunked_map_several_outputs_and_float_extras(rng):
         return {"dot": jnp.sum(jax.nn.log_softmax(z) * tgt, -1), "max": jnp.max(z, -1)}
 
     def chunked(hs, w, tgt):
-        out = ops.chunked_map(row, [hs], [w], [tgt], chunk_size=3)
+        out = ops.lm_head_map(row, [hs], [w], [tgt], backend="scan", chunk_size=3)
         return jnp.sum(out["dot"]) + jnp.sum(out["max"]), out
 
     def dense(hs, w, tgt):
@@ -152,13 +153,19 @@ def test_fused_matches_dense(rng, loss, beta, shape):
     close((total, count), (want_val, jnp.sum(weights)))
 
 
-def test_fused_multi_tile_unembed_gradient(rng, monkeypatch):
-    """V = 53 in tiles of 16: three full tiles plus a last one shifted left over an overlap."""
-    monkeypatch.setattr(fused_mod, "VOCAB_TILE", 16)
+@pytest.mark.parametrize("tied", [False, True])
+def test_fused_multi_tile_unembed_gradient(rng, monkeypatch, tied):
+    """V = 53 in tiles of 16: three full tiles plus a last one shifted left over an overlap; the
+    unembedding as a [D, V] matrix, or as a [V, D] table transposed (a tied embedding: the
+    gradient accumulates in the table's layout)."""
+    monkeypatch.setattr(lm_head_mod, "VOCAB_TILE", 16)
     x = make(rng, 3, 7, 16)
-    g = jax.grad(lambda w: ops.fused_distillation_loss(x["hs"], x["ht"], w, x["mask"], loss="jsd",
-                                                       chunk_size=5)[0])(x["w"])
-    close(g, jax.grad(lambda w: dense_loss("jsd", 0.5, x["hs"], x["ht"], w, x["w"], x["mask"]))(x["w"]))
+    p = x["w"].T if tied else x["w"]
+    as_w = (lambda p: p.T) if tied else (lambda p: p)
+    g = jax.jit(jax.grad(lambda p: ops.fused_distillation_loss(
+        x["hs"], x["ht"], as_w(p), x["mask"], loss="jsd", chunk_size=5)[0]))(p)
+    close(g, jax.grad(lambda p: dense_loss("jsd", 0.5, x["hs"], x["ht"], as_w(p), x["w"],
+                                           x["mask"]))(p))
 
 
 def test_fused_generic_hook_with_two_teachers(rng):

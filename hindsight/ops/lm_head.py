@@ -1,0 +1,429 @@
+"""The LM head of the training path: per-row functions of the logits of hidden states, three backends.
+
+:func:`lm_head_map` projects hidden states ``[..., D_i]`` through unembeddings ``[D_i, V]`` and applies
+a per-row function to the float32 logits. The caller may do anything with its per-row outputs
+(nonlinear functions, mixing rows) and differentiate through them; the backends differ only in how
+the logits and their gradients are scheduled:
+
+* ``"scan"``: blocks of rows in a ``lax.scan`` whose body is under ``jax.checkpoint``. JAX
+  differentiates the scan: the backward pass recomputes each block's logits and accumulates each
+  unembedding's gradient across blocks in the unembedding's own dtype, adding each block's whole
+  ``[D, V]`` contribution (one extra gradient-sized buffer).
+* ``"fused"``: the same blocks in a ``jax.custom_vjp`` whose forward scan keeps no residuals beyond
+  its inputs, and whose backward scan recomputes each block's logits, takes ``jax.vjp`` of the
+  per-row function with the incoming per-row cotangents, and then runs one loop over vocabulary
+  tiles of :data:`VOCAB_TILE` rows of the unembedding: each tile adds its share of the block's
+  hidden-state gradient (written in place per block) and adds ``dlogits_t^T h`` to its rows of the
+  unembedding's float32 gradient accumulator, in place (:func:`_tile_pass`); the accumulator is
+  cast to the unembedding's dtype once at the end. Inputs that are not differentiated
+  (``stop_gradient``, or sides marked ``frozen``) and outputs whose cotangent is zero cost nothing
+  in the backward pass: the rule sees them as symbolic zeros. Only reverse mode: ``jax.jvp`` (and so
+  forward-over-reverse Hessians) is not supported. It recomputes the logits once (a fourth
+  ``[N, D] x [D, V]`` matmul where the dense backend needs three, plus one per frozen side whose
+  logits the gradient reads), so it is slower than dense when the matmuls dominate.
+* ``"dense"``: all rows at once (float32 ``[N, V]`` logits per side); the reference, and the fastest
+  choice for small vocabularies.
+
+The block loops take every unembedding in its memory orientation: a tied model's ``embed.T`` runs
+as the ``[V, D]`` table itself (no transposed copy, and the gradient accumulates in the table's
+layout), an untied ``[D, V]`` matrix as given (see :func:`_is_transpose`).
+
+Every backend runs the same projection (:func:`hindsight.ops._chunking.project`), so the logits
+each one hands to ``row_fn`` are the same numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from hindsight._validation import check_choice, shape_of
+from hindsight.ops._chunking import (check_extra, check_projection, check_temperature,
+                                     check_vocab_mask, chunk_rows, from_chunks, project,
+                                     project_rows, put_rows, shifted_block, temper_and_mask, to_chunks)
+
+BACKENDS = ("scan", "fused", "dense")
+
+DEFAULT_BACKEND = "fused"
+"""The training default (``train.lm_head``): at V = 151,936 and 1,024 tokens it needs 9.6x less
+working memory than dense logits for GRPO's policy term and stays flat to 8,192 tokens, where
+``scan`` saves about 2x (``experiments.bench.logits_memory``, README); it recomputes the logits
+in the backward pass, so it runs about 1.4x dense's time when the LM-head matmuls dominate."""
+
+VOCAB_TILE = 2048
+"""Vocabulary rows of the unembedding per step of the fused backward pass's tile loop. Each step
+reads one ``[VOCAB_TILE, D]`` slab of the unembedding and the matching ``[C, VOCAB_TILE]`` columns
+of the block's logit cotangents, adds their product to the block's hidden-state gradient and adds
+``dlogits_t^T @ h`` to the slab's rows of the float32 gradient accumulator, in place. One whole-row
+``[C, V] @ [V, D]`` product (contracting over ``V``) and one ``[D, C] @ [C, V]`` update run at
+about half the matmul rate on CPU; 2,048-row slabs run near it."""
+
+
+class _Spec(NamedTuple):
+    row_fn: Callable               # row_fn(logits, extras, *consts) (fused: closure-converted)
+    lead: tuple                    # leading shape L of the positions
+    chunk: int                     # rows per block
+    temperature: float
+    rows: tuple = ()               # per side: project through the transposed unembedding [V, D]
+    side_w: tuple = ()             # fused: index into the distinct unembeddings of each side
+
+
+def lm_head_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequence[jax.Array],
+                extras: Sequence[jax.Array] = (), *, backend: str = DEFAULT_BACKEND,
+                frozen: Sequence[bool] | None = None, chunk_size: int | None = None,
+                vocab_mask: jax.Array | None = None, temperature: float = 1.0):
+    """Apply ``row_fn`` to the logits of every position, with the LM head scheduled by ``backend``.
+
+    Args:
+      row_fn: ``row_fn(logits, extras) -> pytree of [C, ...]``, where ``logits`` is a tuple with one
+        float32 ``[C, V]`` array per hidden tensor (``hiddens[i] @ unembeds[i]``, divided by
+        ``temperature``, padded vocabulary at ``PAD_LOGIT``) and ``extras`` a tuple of the matching
+        ``[C, ...]`` rows of each extra. Rows must be independent inside ``row_fn`` (no mixing across
+        the ``C`` axis; what the caller does with the outputs is unrestricted). ``C`` is the block
+        size (``"dense"``: all positions). It may close over arrays, traced ones included; the fused
+        backend differentiates those too.
+      hiddens: sequence of ``[..., D_i]`` arrays sharing one leading shape ``L`` (e.g. ``[B, T]``).
+      unembeds: sequence of ``[D_i, V]`` arrays, one per hidden tensor, all with the same ``V``.
+        Passing the same array for several sides shares one gradient accumulator (fused).
+      extras: sequence of per-position arrays ``[*L, ...]`` (token ids, float targets, ...); float
+        extras get gradients, integer ones none.
+      backend: one of :data:`BACKENDS`: ``"scan"``, ``"fused"`` or ``"dense"`` (see the module
+        docstring).
+      frozen: static bools, one per side (hidden, unembedding): a frozen side (teacher, reference
+        model) is a constant, as if both its arrays were wrapped in ``jax.lax.stop_gradient``, and
+        gets no gradient work in the backward pass (no matmul, no ``[D, V]`` accumulator). None: no
+        side is frozen. (The fused backend also skips any input the caller ``stop_gradient``-ed.)
+      chunk_size: rows per block (static int; ignored by ``"dense"``); None picks
+        :func:`~hindsight.ops.default_chunk_size` from V (64 at V = 151,936).
+      vocab_mask: optional ``[V]`` bool, True for real vocabulary entries.
+      temperature: static float > 0 dividing every logit.
+    Returns:
+      ``row_fn``'s pytree with the row axis unflattened: leaves ``[*L, ...]``.
+    """
+    hiddens, unembeds, extras = tuple(hiddens), tuple(unembeds), tuple(extras)
+    check_choice("backend", backend, BACKENDS)
+    if len(hiddens) != len(unembeds) or not hiddens:
+        raise ValueError(f"`hiddens` and `unembeds` must be non-empty and of equal length, got "
+                         f"{len(hiddens)} and {len(unembeds)}")
+    lead, vocab = check_projection([(f"hiddens[{i}]", h, f"unembeds[{i}]", w)
+                                    for i, (h, w) in enumerate(zip(hiddens, unembeds))])
+    check_vocab_mask(vocab_mask, vocab)
+    for i, e in enumerate(extras):
+        check_extra(f"extras[{i}]", e, lead)
+    frozen = _check_frozen(frozen, len(hiddens))
+    spec = _Spec(row_fn, lead, chunk_rows(lead, vocab, chunk_size), check_temperature(temperature),
+                 rows=tuple(map(_is_transpose, unembeds)))
+    sg = jax.lax.stop_gradient
+    hiddens = tuple(sg(h) if f else h for h, f in zip(hiddens, frozen))
+    unembeds = tuple(sg(w) if f else w for w, f in zip(unembeds, frozen))
+    return {"scan": _scan, "fused": _fused_map, "dense": _dense}[backend](
+        spec, hiddens, unembeds, extras, vocab_mask)
+
+
+def _check_frozen(frozen, sides: int) -> tuple[bool, ...]:
+    if frozen is None:
+        return (False,) * sides
+    frozen = tuple(frozen)
+    if len(frozen) != sides or not all(isinstance(f, (bool, np.bool_)) for f in frozen):
+        raise ValueError(f"`frozen` must be a sequence of {sides} static bools (one per side), got "
+                         f"{frozen!r}")
+    return tuple(bool(f) for f in frozen)
+
+
+# ---- orientation of the unembeddings ------------------------------------------------------------
+#
+# XLA's CPU matmuls take row-major operands, and a loop (the scan and fused backends' block loops)
+# is a layout boundary: an unembedding that enters a loop as ``embed.T`` (a tied embedding, ``[V, D]``
+# in memory) is first copied into a row-major ``[D, V]`` array, and its gradient, accumulated as
+# ``[D, V]`` in the loop, is transposed into the ``[V, D]`` table afterwards: two gradient-sized
+# temporaries. So the loops take each unembedding in the orientation it has in memory: an array
+# traced as the transpose of a ``[V, D]`` array enters as that ``[V, D]`` array (``embed.T.T``,
+# which XLA cancels) and the loops contract over its second axis; any other array enters as given.
+# The logits are the same numbers either way; only the memory layout of the loop operands and of
+# the gradient accumulators differs.
+
+def _is_transpose(w) -> bool:
+    """Whether ``w [D, V]`` is traced as ``x.T`` of a ``[V, D]`` array ``x`` (looking through
+    ``stop_gradient`` and autodiff tracers). Concrete arrays, and anything this cannot see
+    through, count as not transposed (row-major ``[D, V]``): a performance choice only."""
+    t = w
+    for _ in range(16):
+        eqn = getattr(t, "parent", None)      # a jit tracer's producing equation
+        if eqn is not None:
+            name = getattr(getattr(eqn, "primitive", None), "name", None)
+            if name == "transpose":
+                return tuple(eqn.params.get("permutation", ())) == (1, 0)
+            if name == "stop_gradient" and len(getattr(eqn, "in_tracers", ())) == 1:
+                t = eqn.in_tracers[0]
+                continue
+            return False
+        t = getattr(t, "primal", None)        # autodiff tracers wrap the primal value
+        if t is None:
+            return False
+    return False
+
+
+def _operand(w, rows: bool):
+    """The loop operand of unembedding ``w [D, V]``: ``w.T [V, D]`` when ``rows``, else ``w``."""
+    return w.T if rows else w
+
+
+def _project_raw(h, u, rows: bool):
+    """Float32 ``h [C, D] @ W`` from the loop operand ``u`` of ``W`` (:func:`_operand`)."""
+    return jax.lax.dot_general(h, u, (((h.ndim - 1,), (1 if rows else 0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _logits(spec, h_c, operands, rows, vocab_mask):
+    """Each side's float32 logits from its loop operand (:func:`_operand`)."""
+    return tuple((project_rows if r else project)(h, u, vocab_mask, spec.temperature)
+                 for h, u, r in zip(h_c, operands, rows))
+
+
+# ---- scan (remat) and dense: JAX differentiates them ----------------------------------------------
+
+def _scan(spec, hiddens, unembeds, extras, vocab_mask):
+    lead, chunk = spec.lead, spec.chunk
+    operands = tuple(map(_operand, unembeds, spec.rows))
+
+    def body(_, xs):
+        h_c, e_c = xs
+        return None, spec.row_fn(_logits(spec, h_c, operands, spec.rows, vocab_mask), e_c)
+
+    xs = (tuple(to_chunks(h, lead, chunk) for h in hiddens),
+          tuple(to_chunks(e, lead, chunk) for e in extras))
+    # scan already stops XLA from merging iterations, so the CSE barrier of checkpoint is not needed.
+    _, ys = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), None, xs)
+    return jax.tree.map(lambda y: from_chunks(y, lead), ys)
+
+
+def _flat(x, lead):
+    return jnp.reshape(x, (math.prod(lead),) + shape_of(x)[len(lead):])
+
+
+def _unflat(y, lead):
+    return jnp.reshape(y, tuple(lead) + shape_of(y)[1:])
+
+
+def _dense(spec, hiddens, unembeds, extras, vocab_mask):
+    lead = spec.lead
+    # no loop: XLA folds a transposed unembedding into the matmul
+    out = spec.row_fn(_logits(spec, tuple(_flat(h, lead) for h in hiddens), unembeds,
+                              (False,) * len(unembeds), vocab_mask),
+                      tuple(_flat(e, lead) for e in extras))
+    return jax.tree.map(lambda y: _unflat(y, lead), out)
+
+
+# ---- fused: custom VJP ------------------------------------------------------------------------------
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class _Perturbed:
+    """Which inputs the backward pass differentiates (static: rides in the residuals' structure)."""
+    hiddens: tuple
+    unembeds: tuple
+    extras: tuple
+    consts: tuple
+
+
+def _fused_map(spec, hiddens, unembeds, extras, vocab_mask):
+    # one accumulator per distinct unembedding array (a student and a trainable teacher sharing W)
+    uniq, side_w, rows = [], [], []
+    for w, r in zip(unembeds, spec.rows):
+        k = next((k for k, u in enumerate(uniq) if u is w), None)
+        if k is None:
+            uniq.append(w)
+            rows.append(r)
+            k = len(uniq) - 1
+        side_w.append(k)
+    c = spec.chunk
+    block = (tuple(jax.ShapeDtypeStruct((c, shape_of(uniq[0])[1]), jnp.float32) for _ in hiddens),
+             tuple(jax.ShapeDtypeStruct((c,) + shape_of(e)[len(spec.lead):], jnp.result_type(e))
+                   for e in extras))
+    # closed-over traced arrays become explicit (differentiable) arguments of the custom VJP
+    row_fn, consts = jax.closure_convert(spec.row_fn, *block)
+    for leaf in jax.tree.leaves(jax.eval_shape(row_fn, *block, *consts)):
+        if shape_of(leaf)[:1] != (c,):
+            raise ValueError(f"`row_fn` must return arrays of [C, ...] per-row values (C = {c} rows "
+                             f"per block), got an output of shape {shape_of(leaf)}")
+    # from here on `rows` and the operands are per distinct unembedding
+    spec = spec._replace(row_fn=row_fn, side_w=tuple(side_w), rows=tuple(rows))
+    mask = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)
+    return _fused_call(spec, hiddens, tuple(map(_operand, uniq, rows)), extras, tuple(consts),
+                       mask)
+
+
+def _block_io(spec, j):
+    """``(start, fresh, rows)`` of block ``j``: ``rows(x [n, ...]) -> [C, ...]`` (the last block is
+    shifted back to end at row ``n``; its rows that are not ``fresh`` belong to the block before)."""
+    start, fresh = shifted_block(j, spec.chunk, math.prod(spec.lead))
+    return start, fresh, lambda x: jax.lax.dynamic_slice_in_dim(x, start, spec.chunk, axis=0)
+
+
+def _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask):
+    """Per-row outputs, block by block (the last block shifted back, so nothing is padded);
+    ``uniq``: the distinct unembeddings' loop operands (:func:`_operand`)."""
+    lead = spec.lead
+    hs, es = tuple(_flat(h, lead) for h in hiddens), tuple(_flat(e, lead) for e in extras)
+    ws = tuple(uniq[k] for k in spec.side_w)
+    rows = tuple(spec.rows[k] for k in spec.side_w)
+    n = math.prod(lead)
+
+    def rows_out(h_c, e_c):
+        return spec.row_fn(_logits(spec, h_c, ws, rows, vocab_mask), e_c, *consts)
+
+    shapes = jax.eval_shape(rows_out, tuple(h[:spec.chunk] for h in hs),
+                            tuple(e[:spec.chunk] for e in es))
+    init = jax.tree.map(lambda s: jnp.zeros((n,) + s.shape[1:], s.dtype), shapes)
+
+    def body(out, j):
+        start, fresh, rows = _block_io(spec, j)
+        y = rows_out(tuple(map(rows, hs)), tuple(map(rows, es)))
+        return jax.tree.map(lambda o, y: put_rows(o, start, fresh, y), out, y), None
+
+    out, _ = jax.lax.scan(body, init, jnp.arange(-(-n // spec.chunk)))
+    return jax.tree.map(lambda y: _unflat(y, lead), out)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused_call(spec, hiddens, uniq, extras, consts, vocab_mask):
+    return _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask)
+
+
+def _fused_fwd(spec, hiddens, uniq, extras, consts, vocab_mask):
+    value = lambda t: jax.tree.map(lambda p: p.value, t)
+    pert = lambda t: tuple(p.perturbed for p in t)
+    flags = _Perturbed(pert(hiddens), pert(uniq), pert(extras), pert(consts))
+    args = tuple(map(value, (hiddens, uniq, extras, consts, vocab_mask)))
+    # residuals: the inputs only (no logits, no per-block values)
+    return _fused_forward(spec, *args), (args, flags)
+
+
+def _is_zero(ct) -> bool:
+    return isinstance(ct, SymbolicZero) or getattr(ct, "dtype", None) == jax.dtypes.float0
+
+
+def _inexact(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _fused_bwd(spec, res, ct):
+    (hiddens, uniq, extras, consts, vocab_mask), p = res
+    lead, c = spec.lead, spec.chunk
+    n = math.prod(lead)
+    nones = lambda xs: tuple(None for _ in xs)
+    ct_leaves = jax.tree.leaves(ct, is_leaf=_is_zero)
+    used = tuple(not _is_zero(x) for x in ct_leaves)
+    p_h = p.hiddens
+    p_w = p.unembeds
+    p_e = tuple(f and _inexact(e) for f, e in zip(p.extras, extras))
+    p_c = tuple(f and _inexact(x) for f, x in zip(p.consts, consts))
+    # sides whose logits need a cotangent: a differentiated hidden state or unembedding
+    need = tuple(i for i in range(len(hiddens)) if p_h[i] or p_w[spec.side_w[i]])
+    if not any(used) or not (need or any(p_e) or any(p_c)):
+        return nones(hiddens), nones(uniq), nones(extras), nones(consts), None
+
+    hs, es = tuple(_flat(h, lead) for h in hiddens), tuple(_flat(e, lead) for e in extras)
+    cts = tuple(_flat(x, lead) for x, u in zip(ct_leaves, used) if u)
+    ws = tuple(uniq[k] for k in spec.side_w)
+    orient = tuple(spec.rows[k] for k in spec.side_w)
+    e_idx = tuple(k for k, f in enumerate(p_e) if f)
+    c_idx = tuple(k for k, f in enumerate(p_c) if f)
+    f32 = jnp.float32
+
+    def body(carry, j):
+        g_h, g_w, g_e, g_c = carry
+        start, fresh, rows = _block_io(spec, j)
+        h_c, e_c = tuple(map(rows, hs)), tuple(map(rows, es))
+        ct_c = tuple(jnp.where(jnp.reshape(fresh, (-1,) + (1,) * (x.ndim - 1)), rows(x), 0)
+                     for x in cts)
+        # rows with a zero cotangent contribute exactly 0, even where row_fn's derivative is inf/NaN
+        live = fresh & jnp.any(jnp.stack([jnp.reshape(x != 0, (c, -1)).any(-1) for x in ct_c]), 0)
+        z = [_project_raw(h, w, r) for h, w, r in zip(h_c, ws, orient)]
+
+        def rows_out(z_d, e_d, c_d):
+            zz, ee, cc = list(z), list(e_c), list(consts)
+            for i, v in zip(need, z_d):
+                zz[i] = v
+            for k, v in zip(e_idx, e_d):
+                ee[k] = v
+            for k, v in zip(c_idx, c_d):
+                cc[k] = v
+            logits = tuple(temper_and_mask(x, vocab_mask, spec.temperature) for x in zz)
+            leaves = jax.tree.leaves(spec.row_fn(logits, tuple(ee), *cc))
+            return tuple(y for y, u in zip(leaves, used) if u)
+
+        _, vjp = jax.vjp(rows_out, tuple(z[i] for i in need), tuple(e_c[k] for k in e_idx),
+                         tuple(consts[k] for k in c_idx))
+        dz, de, dc = vjp(ct_c)
+        dz = tuple(jnp.where(live[:, None], d, 0.0) for d in dz)
+        g_h, g_w = list(g_h), list(g_w)
+        for i, d in zip(need, dz):
+            k = spec.side_w[i]
+            gh, acc = _tile_pass(d, ws[i], orient[i], h_c[i], g_w[k] if p_w[k] else None,
+                                 want_h=p_h[i])
+            if p_h[i]:
+                g_h[i] = put_rows(g_h[i], start, fresh, gh.astype(hs[i].dtype))
+            if p_w[k]:
+                g_w[k] = acc
+        keep = lambda x: jnp.reshape(live, (-1,) + (1,) * (x.ndim - 1))
+        g_e = tuple(put_rows(g, start, fresh, jnp.where(keep(d), d, 0).astype(g.dtype))
+                    for g, d in zip(g_e, de))
+        g_c = tuple(g + d.astype(f32) for g, d in zip(g_c, dc))
+        return (tuple(g_h), tuple(g_w), g_e, g_c), None
+
+    init = (tuple(jnp.zeros(shape_of(h), h.dtype) if f else None for h, f in zip(hs, p_h)),
+            tuple(jnp.zeros(shape_of(w), f32) if f else None for w, f in zip(uniq, p_w)),
+            tuple(jnp.zeros(shape_of(es[k]), es[k].dtype) for k in e_idx),
+            tuple(jnp.zeros(shape_of(consts[k]), f32) for k in c_idx))
+    (g_h, g_w, g_e, g_c), _ = jax.lax.scan(body, init, jnp.arange(-(-n // c)))
+    d_h = tuple(None if g is None else _unflat(g, lead) for g in g_h)
+    d_w = tuple(None if g is None else g.astype(w.dtype) for g, w in zip(g_w, uniq))
+    d_e, d_c = [None] * len(extras), [None] * len(consts)
+    for k, g in zip(e_idx, g_e):
+        d_e[k] = _unflat(g, lead)
+    for k, g in zip(c_idx, g_c):
+        d_c[k] = g.astype(jnp.result_type(consts[k]))
+    return d_h, d_w, tuple(d_e), tuple(d_c), None
+
+
+def _tile_pass(dz, w, rows: bool, h, acc, *, want_h: bool):
+    """One loop over the vocabulary tiles of a block's logit cotangents ``dz [C, V]`` and the loop
+    operand ``w`` of its unembedding (``[V, D]`` when ``rows``, else ``[D, V]``, see
+    :func:`_operand`): returns ``(dz @ W^T [C, D] float32 if want_h else None, acc + the block's
+    unembedding gradient if acc is not None)``, ``acc`` the float32 accumulator shaped like ``w``,
+    updated in place one :data:`VOCAB_TILE` slab at a time (the last slab is shifted back to end at
+    ``V``; its entries that the slab before already covered are zeroed)."""
+    axis = 0 if rows else 1
+    vocab = shape_of(w)[axis]
+    tile = min(VOCAB_TILE, vocab)
+    f32 = jnp.float32
+
+    def step(j, carry):
+        gh, acc = carry
+        start, fresh = shifted_block(j, tile, vocab)
+        dz_t = jnp.where(fresh, jax.lax.dynamic_slice_in_dim(dz, start, tile, axis=1), 0.0)
+        if gh is not None:
+            w_t = jax.lax.dynamic_slice_in_dim(w, start, tile, axis=axis)
+            gh = gh + jax.lax.dot_general(dz_t, w_t, (((1,), (axis,)), ((), ())),
+                                          preferred_element_type=f32)
+        if acc is not None:
+            g_t = (jax.lax.dot_general(dz_t, h, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+                   if rows else
+                   jax.lax.dot_general(h, dz_t, (((0,), (0,)), ((), ())), preferred_element_type=f32))
+            upd = jax.lax.dynamic_slice_in_dim(acc, start, tile, axis=axis) + g_t
+            acc = jax.lax.dynamic_update_slice_in_dim(acc, upd, start, axis=axis)
+        return gh, acc
+
+    gh = jnp.zeros((shape_of(dz)[0], shape_of(w)[1 - axis]), f32) if want_h else None
+    return jax.lax.fori_loop(0, -(-vocab // tile), step, (gh, acc))
+
+
+_fused_call.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
