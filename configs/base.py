@@ -100,7 +100,8 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.model.name = "tiny-random"
         config.task.name = "even_length"
         config.rollout.update(prompts_per_step=2, max_new_tokens=24, slots=16,
-                              reflection_max_tokens=16, hindsight_reflection_tokens=16)
+                              reflection_max_tokens=16, hindsight_reflection_tokens=16,
+                              feedback_max_tokens=48)  # one character per token
         if not hdl:
             config.rollout.group_size = 4
         config.train.update(num_steps=3, save_every=2)

@@ -103,6 +103,21 @@ def _trajectory_png(trace: dict, path: str) -> None:
     plt.close(fig)
 
 
+_MD_SPECIAL = set("\\`*_{}[]()#+-.!|~<>")
+
+
+def _md_text(text: str) -> str:
+    """Model text as literal Markdown: HTML-escaped and every Markdown character backslashed, so
+    nothing in it can open code, emphasis, links or raw HTML."""
+    return "".join("\\" + c if c in _MD_SPECIAL else c for c in html.escape(text, quote=False))
+
+
+def _code(text: str) -> str:
+    """Model text as inline code that a backtick cannot close: an HTML ``<code>`` element over
+    the :func:`_md_text`-escaped ``repr`` of the text."""
+    return f"<code>{_md_text(repr(text))}</code>"
+
+
 def _trajectory_markdown(trace: dict) -> str:
     """The root's tokens, each with its score; branch points bold and marked."""
     pieces = []
@@ -110,7 +125,7 @@ def _trajectory_markdown(trace: dict) -> str:
     for t, (tok, s) in enumerate(zip(trace["tokens"], trace["scores"])):
         text = "".join(c if c.isprintable() or c == " " else ("⏎" if c == "\n" else
                                                              f"\\x{ord(c):02x}") for c in tok)
-        text = html.escape(text)
+        text = _md_text(text)
         if t in trace["points"]:
             pieces.append(f"**⟦{t}: {text} ({s:.2f})⟧**")
         else:
@@ -154,15 +169,15 @@ def write_report(workdirs: list[str], out: str, *, title: str = "hindsight run r
             _trajectory_png(trace, os.path.join(out, "trajectory.png"))
             lines += ["", f"## One HDL root (step {traces[-1]['step']}) with its hindsight "
                       f"scores", "",
-                      f"Reward {trace['reward']:.2f}; feedback: {trace['feedback']!r}.", "",
-                      f"Reflection: {trace['reflection']!r}", "",
+                      f"Reward {trace['reward']:.2f}; feedback: {_code(trace['feedback'])}.", "",
+                      f"Reflection: {_code(trace['reflection'])}", "",
                       f"Branch points (best first): {trace['points']}. Tokens scoring at least half "
                       f"the maximum carry their score as a subscript; branch points are bold.", "",
                       _trajectory_markdown(trace), "", "![trajectory](trajectory.png)"]
         texts = run["samples"][-1]["texts"] if run["samples"] else []
         if texts:
             lines += ["", f"## {run['name']}: sample responses (last step)", ""]
-            lines += [f"{i + 1}. `{t[:300]!r}`" for i, t in enumerate(texts)]
+            lines += [f"{i + 1}. {_code(t[:300])}" for i, t in enumerate(texts)]
     path = os.path.join(out, "report.md")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

@@ -87,7 +87,8 @@ def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, head=None, ref
         return {"kl": kl_from_logprobs(ls, log_q), "alpha": alpha,
                 "entropy": sg(entropy_from_logprobs(ls)), "logp": sg(gather(ls, tokens))}
 
-    rows = vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
+    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
+                      temperature=config.temperature)
     mask = batch["mask"]
     metrics = {"barycenter_kl": aggregate(jax.lax.stop_gradient(rows["kl"]), mask),
                "alpha": aggregate(rows["alpha"], mask),

@@ -11,7 +11,7 @@ Loss signature, the same for every method (what :mod:`hindsight.train.step` call
         -> hindsight.objectives.Loss(terms={name: Term(sum, count, weight)}, metrics={...})
 
 ``config`` defaults to the method's defaults; ``head`` is the :class:`~hindsight.methods.LMHead`
-(backend, block size, vocabulary mask; default the scan backend); ``reference`` is the
+(backend, block size, vocabulary mask; default the fused backend); ``reference`` is the
 frozen/EMA reference model; ``method_state`` is the state of a stateful method (CRAFT's
 controller) and must be None otherwise. Each term is a ``(sum, count)`` pair with a weight; the
 objective is ``sum_k weight_k * sum_k / count_k`` once pairs are added over micro-batches and
@@ -144,11 +144,7 @@ class Method:
             if options.get(name) is None:
                 options[name] = value
         config = self.make_config(**options)
-        temperature = getattr(config, "temperature", None)
-        if temperature is not None and temperature != rollout.temperature:
-            raise ValueError(f"method_config.temperature={temperature} differs from "
-                             f"rollout.temperature={rollout.temperature}: logp_old would not match "
-                             f"the policy log-probs")
+        check_temperature(config, rollout.temperature, "rollout.temperature")
         if self.rollout == "hdl_tree":
             size = config.group_size
             if rollout.group_size not in (None, size):
@@ -167,6 +163,16 @@ class Method:
     def update(self, state, metrics: dict):
         """One state update at a rollout boundary (:attr:`update_state` with this config)."""
         return self.update_state(state, metrics, self.config)
+
+
+def check_temperature(config, sampling_temperature: float, where: str) -> None:
+    """Raise unless a loss temperature (if the config has one) equals the sampling temperature:
+    ``logp_old`` is the policy's log-prob at the sampling temperature, the ratio's numerator the
+    loss's."""
+    temperature = getattr(config, "temperature", None)
+    if temperature is not None and temperature != sampling_temperature:
+        raise ValueError(f"method_config.temperature={temperature} differs from {where}="
+                         f"{sampling_temperature}: logp_old would not match the policy log-probs")
 
 
 def resolve_config(name: str, config, default):

@@ -74,7 +74,8 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, refere
                 "entropy": sg(entropy_from_logprobs(ls)),
                 "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
 
-    rows = vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
+    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
+                      temperature=config.temperature)
     return Loss(*distill_term(rows, batch["mask"], loss="jsd"))
 
 

@@ -89,7 +89,8 @@ def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, head=None, ref
                 "entropy": sg(entropy_from_logprobs(logp["student"])),
                 "target_shift": sg(kl_from_logprobs(target, logp["base"]))}
 
-    rows = vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
+    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
+                      temperature=config.temperature)
     return Loss(*distill_term(rows, batch["mask"], loss="jsd"))
 
 

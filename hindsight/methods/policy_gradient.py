@@ -90,7 +90,8 @@ def policy_rows(model, batch: Mapping, config: LossConfig, *, head: LMHead | Non
             out["teacher_kl"] = kl_from_logprobs(logp["policy"], logp["teacher"])
         return out
 
-    return vocab_rows(row, sides, batch["targets"], head=head, temperature=config.temperature)
+    return vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
+                      temperature=config.temperature)
 
 
 def surrogate_terms(rows: Mapping[str, jax.Array], batch: Mapping, config: SurrogateConfig, *,

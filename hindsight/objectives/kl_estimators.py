@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_same_shape
 from hindsight.objectives.aggregation import as_mask
+from hindsight.ops.logprobs import carry_nonfinite
 
 ESTIMATORS = ("k1", "k2", "k3", "k1+", "k3+", "abs")
 
@@ -62,5 +63,8 @@ def kl_penalty(logp: jax.Array, logp_ref: jax.Array, mask: jax.Array | None = No
     if estimator.endswith("+"):
         k2 = _plain(log_ratio, "k2")
         value = _plain(log_ratio, estimator[:-1])
-        return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value)
-    return _plain(log_ratio, estimator)
+        out = k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value)
+    else:
+        out = _plain(log_ratio, estimator)
+    # k3's clips would turn an infinite log-prob into a finite value with a NaN gradient
+    return carry_nonfinite(out, log_ratio)

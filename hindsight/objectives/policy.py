@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from hindsight._validation import check_choice, check_rank, check_same_shape, check_static_float, shape_of
 from hindsight.objectives.aggregation import aggregate, as_mask, check_mode
 from hindsight.objectives.kl_estimators import ESTIMATORS, LOG_RATIO_CLIP, kl_penalty
+from hindsight.ops.logprobs import carry_nonfinite
 
 RATIO_LEVELS = ("token", "sequence")
 
@@ -109,7 +110,8 @@ def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Arra
     else:
         dual = m & (adv < 0) & (ratio > dual_clip)
         loss = jnp.where(adv < 0, jnp.minimum(loss, -adv * dual_clip), loss)
-    loss = jnp.where(m, loss, 0.0)
+    # the log-ratio clip would turn an infinite log-prob into a finite loss with a NaN gradient
+    loss = jnp.where(m, carry_nonfinite(loss, log_ratio), 0.0)
     metrics = {
         "clip_low_frac": aggregate(clip_low.astype(jnp.float32), m),
         "clip_high_frac": aggregate(clip_high.astype(jnp.float32), m),

@@ -18,6 +18,7 @@ import numpy as np
 
 from hindsight.batch import CONTEXT_NAMES
 from hindsight.methods import Method
+from hindsight.methods.method import check_temperature
 from hindsight.objectives import group_advantages
 from hindsight.rollout.assemble import GroupRows, assemble
 from hindsight.rollout.branching import tree_advantages
@@ -74,6 +75,8 @@ class RolloutStats:
       engines: per engine (``main``; HDL adds ``reflection``): ``occupancy`` (fraction of slot-steps
         that decoded an active row), ``steps``, ``chunks``, ``prefills``, ``moves``, and host /
         device seconds (``refill_s``, ``decode_s``, ``harvest_s``).
+      verifier_errors: verifier calls that raised (each such row got reward 0, its exception as
+        feedback: :func:`hindsight.rollout.runtime.safe_verify`).
       trace: HDL, the first tree's first root as a record for reports: ``tokens`` (text pieces),
         ``scores`` (the hindsight score per token), ``points`` (its branch positions), ``reward``,
         ``feedback``, ``reflection``; None for the other shapes.
@@ -97,6 +100,7 @@ class RolloutStats:
     reflections: list[str] = dataclasses.field(default_factory=list)
     trace: dict | None = None
     engines: dict = dataclasses.field(default_factory=dict)
+    verifier_errors: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -120,11 +124,7 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups):
         if name == "hindsight" and method.rollout != "hdl_tree":
             raise ValueError(f"method {method.name!r} reads the 'hindsight' context, which only "
                              f"the 'hdl_tree' rollout produces (its rollout is {method.rollout!r})")
-    temperature = getattr(config, "temperature", None)
-    if temperature is not None and temperature != sampling.temperature:
-        raise ValueError(f"sampling temperature {sampling.temperature} differs from method "
-                         f"{method.name!r}'s loss temperature {temperature}: logp_old would not "
-                         f"match the policy log-probs")
+    check_temperature(config, sampling.temperature, "the sampling temperature")
     if method.rollout == "dynamic":
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"dynamic sampling needs `num_groups` (mixed groups wanted), a "
@@ -244,6 +244,7 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         rollout=method.rollout, num_groups=len(groups), group_size=g,
         reward_mean=float(rewards.mean()), response_length_mean=float(lengths.mean()),
         generated_tokens=[grp.generated_tokens for grp in groups], seconds=clock.seconds(),
+        verifier_errors=clock.verifier_errors,
         phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
         sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts], **extra)
     return batch, stats

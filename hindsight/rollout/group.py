@@ -47,7 +47,8 @@ def sample_groups(model, tokenizer, task, examples: Sequence[Example], *, key,
     def on_result(k, res):
         with clock.host_phase("verify"):
             tokens = fit_width(res.tokens, width)
-            rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, res.lengths)
+            rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, res.lengths,
+                                            clock=clock)
             clock.tokens["roots"] += int(res.lengths.sum())
             groups[k] = GroupRows(
                 example=examples[k], example_index=first_index + k, prompt=prompts[k],

@@ -47,7 +47,6 @@ _ROOTS, _REFLECT, _BRANCH, _FRESH, _RANDOM = range(5)
 # Typical verifier feedback length (count_letters' "expected 3, got 5" is 7 SmolLM2 tokens): sizes
 # the cache room for the reflection turn and the scoring shape of ``h``. Longer feedback cuts a
 # reflection after a root that ran to the cap to the room left, and scores ``h`` at the next bucket.
-_FEEDBACK_TOKENS = 8
 
 
 REFLECTION_FRACTION = 8  # default reflection cap: T // 8
@@ -69,20 +68,36 @@ class TreeOptions:
         cap) is cut to the room left; its length is recorded in :class:`TreeInfo`.
       hindsight_reflection_tokens: the reflection is left-truncated to this many tokens in ``h``
         (default: the reflection cap, i.e. no truncation).
+      feedback_max_tokens: the verifier feedback is cut to this many tokens (an ellipsis marks the
+        cut) before it enters the reflection turn and ``h``: the engine's cache and the scoring
+        shape are sized for it, so a task with long feedback cannot overflow them (16: the
+        synthetic tasks' feedback on SmolLM2's tokenizer is 5-12 tokens).
       rescore_original: score ``logp_orig`` by teacher forcing the roots after the prompt instead of
         reusing the sampler's policy log-probs (same weights; only rounding differs).
       templates: wording of the reflection turn and ``h``.
     """
     reflection_max_tokens: int | None = None
     hindsight_reflection_tokens: int | None = None
+    feedback_max_tokens: int = 16
     rescore_original: bool = False
     templates: Templates = Templates()
 
     def __post_init__(self):
-        for name in ("reflection_max_tokens", "hindsight_reflection_tokens"):
+        for name in ("reflection_max_tokens", "hindsight_reflection_tokens",
+                     "feedback_max_tokens"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            if (v is not None or name == "feedback_max_tokens") and (
+                    isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"`{name}` must be a positive int or None, got {v!r}")
+
+    def clip_feedback(self, tokenizer, text: str) -> str:
+        """``text`` cut to :attr:`feedback_max_tokens` tokens of ``tokenizer`` (the last one an
+        ellipsis when cut)."""
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= self.feedback_max_tokens:
+            return text
+        keep = self.feedback_max_tokens - len(tokenizer.encode("...", add_special_tokens=False))
+        return tokenizer.decode(ids[:max(keep, 0)]) + "..."
 
     def reflection_cap(self, max_new_tokens: int) -> int:
         """The reflection cap for responses of at most ``max_new_tokens`` tokens."""
@@ -173,7 +188,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     # rounded up to a multiple of 16: calls whose questions differ by a few tokens then share one
     # compiled shape.
     question = _round16(max(len(t.prompt) for t in trees))
-    h_floor = question + h_cap + _FEEDBACK_TOKENS + _template_overhead(
+    h_floor = question + h_cap + options.feedback_max_tokens + _template_overhead(
         examples, trees, lambda ex: hindsight_context(
             tokenizer, ex, "", [], max_reflection_tokens=0, templates=options.templates))
     # cache room for a root run to the cap, the reflection turn and the reflection
@@ -182,7 +197,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     longest = max(len(t.prompt) for t in trees)
     engine = make_engine(model, params, longest_prompt=longest, max_new_tokens=width,
                          rows=len(trees) * config.group_size, slots=slots, chunk_steps=chunk_steps,
-                         min_len=longest + width + turn + _FEEDBACK_TOKENS + refl_cap)
+                         min_len=longest + width + turn + options.feedback_max_tokens + refl_cap)
     groups: dict[int, GroupRows] = {}
     infos: dict[int, TreeInfo] = {}
 
@@ -192,12 +207,12 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
             clock.tokens["roots"] += int(res.lengths.sum())
             tree.roots = res
             tree.root_rewards, tree.feedback, tree.root_texts = verify_rows(
-                task, ex, tokenizer, res.tokens, res.lengths)
+                task, ex, tokenizer, res.tokens, res.lengths, clock=clock)
         with clock.host_phase("reflection"):
             turns, caps = [], []
             for r in range(n_roots):
                 feedback = CORRECT_FEEDBACK if tree.root_rewards[r] >= 1.0 else tree.feedback[r]
-                tree.feedback[r] = feedback
+                feedback = tree.feedback[r] = options.clip_feedback(tokenizer, feedback)
                 ids = reflection_turn(tokenizer, ex, feedback, templates=options.templates)
                 n = int(res.lengths[r])
                 if n and res.tokens[r, n - 1] == ids[0]:
@@ -299,7 +314,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
             lengths[i] = src.lengths[j]
         t = np.arange(width)[None, :]
         loss_mask = (t < lengths[:, None]) & (t >= layout.position[:, None])
-        rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, lengths)
+        rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, lengths, clock=clock)
         refl_len = np.array([len(tree.reflections[r][0]) for r in range(n_roots)], np.int32)
         generated = int((lengths - layout.position).sum() + refl_len.sum())
         row = GroupRows(example=examples[k], example_index=k, prompt=tree.prompt, tokens=tokens,

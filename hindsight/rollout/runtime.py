@@ -19,7 +19,7 @@ import numpy as np
 from hindsight.sampling import SamplingParams
 from hindsight.sampling.buckets import cache_len_bucket
 from hindsight.sampling.engine import Engine
-from hindsight.tasks import Example
+from hindsight.tasks import Example, Verdict
 
 
 def with_eos(params: SamplingParams, tokenizer) -> SamplingParams:
@@ -54,10 +54,26 @@ def decode(tokenizer, tokens: np.ndarray, length: int) -> str:
     return tokenizer.decode([int(t) for t in tokens[:length]], skip_special_tokens=True)
 
 
-def verify_rows(task, example: Example, tokenizer, tokens: np.ndarray, lengths: np.ndarray):
-    """Decode and verify each row. Returns ``(rewards [n] float32, feedback, texts)``."""
+def safe_verify(task, example: Example, text: str) -> tuple[Verdict, bool]:
+    """``task.verify(example, text)``, or, when the verifier raises (a degenerate response, a bug
+    in the checker), reward 0 with the exception's first line as feedback: one response never ends
+    a run. Returns ``(verdict, failed)``."""
+    try:
+        return task.verify(example, text), False
+    except Exception as e:  # noqa: BLE001 - any verifier failure is that row's failure
+        line = (str(e).strip().splitlines() or [""])[0][:200]
+        return Verdict(0.0, f"verifier error: {type(e).__name__}: {line}"), True
+
+
+def verify_rows(task, example: Example, tokenizer, tokens: np.ndarray, lengths: np.ndarray, *,
+                clock: "PhaseClock | None" = None):
+    """Decode and verify each row (:func:`safe_verify`; failures are counted in
+    ``clock.verifier_errors``). Returns ``(rewards [n] float32, feedback, texts)``."""
     texts = [decode(tokenizer, tokens[i], int(lengths[i])) for i in range(len(lengths))]
-    verdicts = [task.verify(example, t) for t in texts]
+    checked = [safe_verify(task, example, t) for t in texts]
+    verdicts = [v for v, _ in checked]
+    if clock is not None:
+        clock.verifier_errors += sum(failed for _, failed in checked)
     rewards = np.array([v.reward for v in verdicts], np.float32)
     bad = np.nonzero(~((rewards >= 0) & (rewards <= 1)))[0]
     if bad.size:
@@ -85,6 +101,7 @@ class PhaseClock:
     """
 
     def __init__(self):
+        self.verifier_errors = 0  # verifier calls that raised (reward 0, see safe_verify)
         self.host = collections.Counter()
         self.tokens = collections.Counter()
         self.engine_seconds = collections.Counter()  # per engine name

@@ -32,6 +32,13 @@ def as_f32(x) -> jax.Array:
     return jnp.asarray(x).astype(jnp.float32)
 
 
+def valid_logits(logits, valid: jax.Array) -> jax.Array:
+    """Float32 ``logits [B, T, V]`` with masked positions (``valid [B, T]`` False) replaced by 0
+    before any exp/log: padding may hold anything (NaN included), and a masked position's NaN
+    would reach the gradient through ``0 * NaN`` in the softmax's backward pass."""
+    return jnp.where(valid[..., None], as_f32(logits), 0.0)
+
+
 def masked_sum_count(per_token: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(sum over valid positions, number of valid positions)``, both float32 scalars.
 

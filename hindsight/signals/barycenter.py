@@ -21,7 +21,8 @@ import jax.numpy as jnp
 
 from hindsight._validation import check_rank, check_same_shape, check_vocab_match, shape_of
 from hindsight.ops import generalized_jsd_from_logprobs, kl_from_logprobs, log_softmax
-from hindsight.signals._common import LOGP_TARGET_FLOOR, as_f32, as_valid, masked_sum_count
+from hindsight.signals._common import (LOGP_TARGET_FLOOR, as_f32, as_valid, masked_sum_count,
+                                       valid_logits)
 
 
 def disagreement_alpha(d: jax.Array, *, alpha_max: float = 0.15, beta: float = 25.0) -> jax.Array:
@@ -126,6 +127,7 @@ def barycenter_loss(teacher_logits: jax.Array, student_logits: jax.Array, mask: 
     valid = as_valid(mask, shape_of(student_logits)[:-1], like_name="student_logits[..., :-1]")
     vocab_mask = target_options.get("vocab_mask")
     per_token = barycenter_kl_from_logprobs(
-        log_softmax(student_logits, vocab_mask=vocab_mask),
-        log_softmax(jax.lax.stop_gradient(teacher_logits), vocab_mask=vocab_mask), **target_options)
+        log_softmax(valid_logits(student_logits, valid), vocab_mask=vocab_mask),
+        log_softmax(jax.lax.stop_gradient(valid_logits(teacher_logits, valid)),
+                    vocab_mask=vocab_mask), **target_options)
     return masked_sum_count(per_token, valid)

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from hindsight._validation import (check_choice, check_group_size, check_rank, check_same_shape,
                                    shape_of)
+from hindsight.ops import carry_nonfinite
 from hindsight.signals._common import as_f32, as_valid, masked_sum_count, realised_logprobs
 
 LOG_RATIO_CLIP = 20.0
@@ -175,8 +176,18 @@ def controller_update(state: ControllerState, rho: jax.Array, *, eta: float = 0.
 
 def _log_ratio(student_logp, ref_logp, valid) -> jax.Array:
     """``clip(logp_ref - logp_S, +-20)`` with masked positions selected to 0 before any use."""
-    diff = jnp.where(valid, as_f32(ref_logp), 0.0) - jnp.where(valid, as_f32(student_logp), 0.0)
-    return jnp.clip(diff, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+    return jnp.clip(_raw_log_ratio(student_logp, ref_logp, valid), -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+
+
+def _raw_log_ratio(student_logp, ref_logp, valid) -> jax.Array:
+    return jnp.where(valid, as_f32(ref_logp), 0.0) - jnp.where(valid, as_f32(student_logp), 0.0)
+
+
+def _valid_kl(out, student_logp, ref_logp, valid) -> jax.Array:
+    """``out`` at valid positions (0 elsewhere), NaN where the log-ratio is not finite: the clips
+    would otherwise hide an infinite log-prob behind a finite value with a NaN gradient."""
+    return jnp.where(valid, carry_nonfinite(out, _raw_log_ratio(student_logp, ref_logp, valid)),
+                     0.0)
 
 
 def _clip_kl(x, kl_clip):
@@ -197,7 +208,7 @@ def reverse_k3(student_logp: jax.Array, ref_logp: jax.Array, mask: jax.Array, *,
     check_same_shape(("student_logp", "ref_logp"), student_logp, ref_logp)
     valid = as_valid(mask, student_logp, like_name="student_logp")
     d = _log_ratio(student_logp, ref_logp, valid)
-    return jnp.where(valid, _clip_kl(jnp.exp(d) - 1.0 - d, kl_clip), 0.0)
+    return _valid_kl(_clip_kl(jnp.exp(d) - 1.0 - d, kl_clip), student_logp, ref_logp, valid)
 
 
 def polarised_kl(student_logp: jax.Array, ref_logp: jax.Array, credit: jax.Array, mask: jax.Array,
@@ -232,7 +243,7 @@ def polarised_kl(student_logp: jax.Array, ref_logp: jax.Array, credit: jax.Array
     neg = _clip_kl(r * d - (r - 1.0), kl_clip) if neg_mode == "forward" else -rev
     mid = rev if neutral == "reverse" else jnp.zeros_like(rev)
     out = jnp.where(c > theta_kl, rev, jnp.where(c < -theta_kl, neg, mid))
-    return jnp.where(valid, out, 0.0)
+    return _valid_kl(out, student_logp, ref_logp, valid)
 
 
 def craft_loss_terms(student_logp: jax.Array, ref_logp: jax.Array, gap: jax.Array, mask: jax.Array,

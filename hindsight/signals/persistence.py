@@ -23,7 +23,8 @@ import numpy as np
 from hindsight._validation import (check_choice, check_rank, check_same_shape, check_static_float,
                                    shape_of)
 from hindsight.ops import kl, token_logprobs
-from hindsight.signals._common import as_f32, as_valid, masked_sum_count, realised_logprobs
+from hindsight.signals._common import (as_f32, as_valid, masked_sum_count, realised_logprobs,
+                                       valid_logits)
 
 _DEN_EPS = 1e-12
 
@@ -202,6 +203,9 @@ def persistence_loss(teacher_logits: jax.Array, student_logits: jax.Array, token
     Returns:
       ``(sum, count)`` float32 scalars.
     """
+    valid = as_valid(mask, shape_of(student_logits)[:-1], like_name="student_logits[..., :-1]")
+    teacher_logits = valid_logits(teacher_logits, valid)
+    student_logits = valid_logits(student_logits, valid)
     gate = persistence_gate(teacher_logits, student_logits, tokens, mask, vocab_mask=vocab_mask,
                             **options)
     ls = token_logprobs(student_logits, tokens, vocab_mask=vocab_mask)

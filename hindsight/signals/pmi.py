@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from hindsight._validation import (check_rank, check_same_shape, check_static_float,
                                    check_vocab_match, shape_of)
 from hindsight.ops import generalized_jsd_from_logprobs, log_softmax
-from hindsight.signals._common import LOGP_TARGET_FLOOR, as_f32, as_valid, masked_sum_count
+from hindsight.signals._common import (LOGP_TARGET_FLOOR, as_f32, as_valid, masked_sum_count,
+                                       valid_logits)
 
 
 def pmi_target_from_logprobs(teacher_logp: jax.Array, probe_logp: jax.Array, base_logp: jax.Array,
@@ -127,7 +128,9 @@ def pmi_loss(teacher_logits: jax.Array, probe_logits: jax.Array, base_logits: ja
     check_rank("student_logits", student_logits, rank=3)
     check_vocab_match("student_logits", student_logits, "teacher_logits", teacher_logits)
     valid = as_valid(mask, shape_of(student_logits)[:-1], like_name="student_logits[..., :-1]")
-    target = pmi_target(teacher_logits, probe_logits, base_logits, temperature=temperature,
-                        vocab_mask=vocab_mask, **target_options)
-    student = log_softmax(as_f32(student_logits) / temperature, vocab_mask=vocab_mask)
+    target = pmi_target(*(valid_logits(x, valid) for x in (teacher_logits, probe_logits,
+                                                           base_logits)),
+                        temperature=temperature, vocab_mask=vocab_mask, **target_options)
+    student = log_softmax(valid_logits(student_logits, valid) / temperature,
+                          vocab_mask=vocab_mask)
     return masked_sum_count(generalized_jsd_from_logprobs(student, target, beta_jsd), valid)

@@ -8,8 +8,8 @@ Typical use (what :func:`hindsight.train.loop.run` does for an experiment config
     tx = make_optimizer(OptimConfig(name="adamw", learning_rate=1e-6))
     state, shardings, model_def = create_train_state(model, tx, mesh=mesh, rules=model_rules(mesh))
     step = make_train_step(method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh,
-                           shardings=shardings, config=StepConfig(batch_size=32, num_microbatches=4),
-                           loss_kwargs={"config": method.config})
+                           shardings=shardings, loss_kwargs={"config": method.config},
+                           config=StepConfig(batch_size=32, num_microbatches=4))
     state, metrics = step(state, local_rows)        # this process's rows of the step's batch
 """
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from collections.abc import Mapping
 
 from hindsight._validation import check_choice
-from hindsight.methods.forward import LM_HEAD_BACKENDS
+from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT
 from hindsight.train.mesh import MeshConfig
 from hindsight.train.optim import OptimConfig
 
@@ -40,6 +41,11 @@ REFERENCE_CHOICES = ("auto", "none", "frozen", "ema")
 
 class ConfigError(ValueError):
     """A bad experiment config or run directory: raised before anything is loaded or compiled."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a non-finite loss or gradient ``train.max_nonfinite_updates`` times; the
+    updates were not applied and no checkpoint was written after them."""
 
 
 def _positive_int(where: str, v) -> None:
@@ -77,7 +83,9 @@ class RolloutSection:
     tree size, ``num_roots * (1 + sum(counts))``, is used and this must equal it or be None).
     ``max_new_tokens`` is the response width ``T``; ``temperature`` must equal the method's loss
     temperature (checked). ``slots``: engine slot batch (None: ``min(rows, 64)``).
-    ``reflection_max_tokens`` / ``hindsight_reflection_tokens``: HDL's reflection caps.
+    ``reflection_max_tokens`` / ``hindsight_reflection_tokens``: HDL's reflection caps;
+    ``feedback_max_tokens``: the verifier feedback is cut to this many tokens in HDL's reflection
+    turn and hindsight context (:class:`hindsight.rollout.TreeOptions`).
     """
     prompts_per_step: int = 2
     group_size: int | None = 16
@@ -90,10 +98,12 @@ class RolloutSection:
     chunk_steps: int = 16
     reflection_max_tokens: int = 256
     hindsight_reflection_tokens: int = 256
+    feedback_max_tokens: int = 16
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "chunk_steps",
-                     "reflection_max_tokens", "hindsight_reflection_tokens"):
+                     "reflection_max_tokens", "hindsight_reflection_tokens",
+                     "feedback_max_tokens"):
             _positive_int(f"rollout.{name}", getattr(self, name))
         for name in ("group_size", "slots"):
             if getattr(self, name) is not None:
@@ -109,19 +119,21 @@ class TrainSection:
     ppo_minibatches`` optimizer updates, ``logp_old`` fixed at rollout time (verl's
     ``ppo_epochs`` / ``ppo_mini_batch_size``, TRL's ``num_iterations``); mini-batches are visited
     in the same order every epoch. ``num_microbatches``: gradient accumulation inside one update.
-    ``lm_head``: the training path's LM-head backend (``scan``, ``fused`` or ``dense``,
+    ``lm_head``: the training path's LM-head backend (``scan``, ``fused`` (default) or ``dense``,
     :class:`~hindsight.methods.LMHead`), ``lm_head_chunk_size`` its rows per block (None: the
     backend's default). ``reference``: ``"auto"`` keeps a frozen copy of the initial params when
     the method's config needs one and none otherwise; ``"none"``, ``"frozen"``, ``"ema"`` (decay
     ``ema_decay``, applied after every optimizer update) force it. ``optim`` (its schedule counts
     optimizer updates) and ``mesh`` are :class:`~hindsight.train.OptimConfig` and
     :class:`~hindsight.train.MeshConfig`. Checkpoints every ``save_every`` rollouts (and at the
-    end, and on Ctrl-C), the newest ``max_to_keep`` kept."""
+    end, and on Ctrl-C), the newest ``max_to_keep`` kept. An optimizer update whose loss or
+    gradient is not finite is not applied; after ``max_nonfinite_updates`` such updates the run
+    stops (:class:`NonFiniteError`) without writing a checkpoint, so the last good one is intact."""
     num_steps: int = 10
     ppo_epochs: int = 1
     ppo_minibatches: int = 1
     num_microbatches: int = 1
-    lm_head: str = "scan"
+    lm_head: str = LM_HEAD_DEFAULT
     lm_head_chunk_size: int | None = None
     reference: str = "auto"
     ema_decay: float = 0.99
@@ -129,10 +141,11 @@ class TrainSection:
     mesh: MeshConfig = MeshConfig()
     save_every: int = 10
     max_to_keep: int = 2
+    max_nonfinite_updates: int = 1
 
     def __post_init__(self):
         for name in ("num_steps", "ppo_epochs", "ppo_minibatches", "num_microbatches",
-                     "save_every", "max_to_keep"):
+                     "save_every", "max_to_keep", "max_nonfinite_updates"):
             _positive_int(f"train.{name}", getattr(self, name))
         if self.lm_head_chunk_size is not None:
             _positive_int("train.lm_head_chunk_size", self.lm_head_chunk_size)
@@ -181,8 +194,9 @@ class ExperimentConfig:
 
 
 # Keys a resumed run may change: they do not alter the state, the data or the updates.
-RESUMABLE_KEYS = ("train.num_steps", "train.save_every", "train.max_to_keep", "eval.every",
-                  "eval.num_examples", "num_sample_texts")
+RESUMABLE_KEYS = ("train.num_steps", "train.save_every", "train.max_to_keep",
+                  "train.max_nonfinite_updates", "eval.every", "eval.num_examples",
+                  "num_sample_texts")
 
 
 def _plain(value):
@@ -194,6 +208,18 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _check_finite(where: str, value) -> None:
+    """Refuse inf / NaN anywhere in a config value (``learning_rate=inf`` passes ``> 0``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_finite(f"{where}.{k}", v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_finite(f"{where}[{i}]", v)
 
 
 def _build(cls, values: Mapping, prefix: str):
@@ -213,6 +239,7 @@ def _build(cls, values: Mapping, prefix: str):
         if dataclasses.is_dataclass(hint):
             kwargs[name] = _build(hint, value, f"{prefix}{name}.")
         else:
+            _check_finite(prefix + name, value)
             kwargs[name] = value
     return cls(**kwargs)
 

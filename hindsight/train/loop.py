@@ -33,8 +33,9 @@ Multi-host: every process samples the whole batch (identical, as the keys and pa
 feeds its own rows to the step; only the primary process writes files. (Tested on one process;
 the step itself is tested on two.)
 
-Ctrl-C (SIGINT) stops the run at the next phase boundary (after the rollout or after the step's
-updates) and writes a checkpoint of the last completed step; a second Ctrl-C aborts at once.
+Ctrl-C (SIGINT) and SIGTERM (what ``timeout`` and cluster schedulers send on preemption) stop the
+run at the next phase boundary (after the rollout or after the step's updates) and write a
+checkpoint of the last completed step; a second signal aborts at once.
 """
 from __future__ import annotations
 
@@ -57,9 +58,9 @@ from hindsight.sampling import SamplingParams
 from hindsight.tasks import get_task
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
 from hindsight.train.experiment import (ConfigError, Experiment, ExperimentConfig,
-                                        config_differences, resolve)
+                                        NonFiniteError, config_differences, resolve)
 from hindsight.train.mesh import make_mesh, model_rules
-from hindsight.train.metrics import MetricsConfig, MetricsLogger
+from hindsight.train.metrics import MetricsConfig, MetricsLogger, truncate_jsonl
 from hindsight.train.optim import make_optimizer, make_schedule
 from hindsight.train.state import create_train_state
 from hindsight.train.step import StepConfig, make_train_step
@@ -96,7 +97,8 @@ def sampling_params(exp: ExperimentConfig, *, temperature: float | None = None) 
 def rollout_config(xp: Experiment) -> RolloutConfig:
     r = xp.config.rollout
     tree = TreeOptions(reflection_max_tokens=r.reflection_max_tokens,
-                       hindsight_reflection_tokens=r.hindsight_reflection_tokens)
+                       hindsight_reflection_tokens=r.hindsight_reflection_tokens,
+                       feedback_max_tokens=r.feedback_max_tokens)
     return RolloutConfig(slots=r.slots, chunk_steps=r.chunk_steps, tree=tree,
                          num_sample_texts=xp.config.num_sample_texts)
 
@@ -124,6 +126,30 @@ def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
     return float(np.mean([g.rewards.mean() for g in groups]))
 
 
+def preflight(xp: Experiment):
+    """Every check that can run before the run directory is touched: the model name resolves, the
+    task builds with its options, the sampling parameters (training and evaluation) validate, the
+    evaluation split exists. Returns ``(task, sampling)``.
+
+    Raises:
+      ConfigError naming the key.
+    """
+    from hindsight.tasks import SPLITS
+    exp = xp.config
+    try:
+        if exp.model.name != TINY_MODEL:
+            from hindsight.models import registry
+            registry.resolve(exp.model.name)
+        task = get_task(exp.task.name, **exp.task.options)
+        sampling = sampling_params(exp)
+        sampling_params(exp, temperature=exp.eval.temperature)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{e.args[0] if e.args else e}") from e
+    if exp.eval.split not in SPLITS:
+        raise ConfigError(f"eval.split must be one of {list(SPLITS)}, got {exp.eval.split!r}")
+    return task, sampling
+
+
 def _prepare_workdir(workdir: str, resolved: dict) -> None:
     """Write ``config.json``, or check an existing one matches (a foreign run is refused)."""
     os.makedirs(workdir, exist_ok=True)
@@ -141,28 +167,32 @@ def _prepare_workdir(workdir: str, resolved: dict) -> None:
 
 
 class _StopFlag:
-    """SIGINT -> ``stop`` is set; a second SIGINT raises KeyboardInterrupt (main thread only)."""
+    """SIGINT (Ctrl-C) or SIGTERM (``timeout``, cluster schedulers, preemption) -> ``stop`` is set
+    and ``signal`` names it; a second signal raises KeyboardInterrupt (main thread only)."""
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.stop = False
+        self.signal: str | None = None
 
     def __call__(self, signum, frame):
         if self.stop:
             raise KeyboardInterrupt
-        self.stop = True
-        print("\n[hindsight] Ctrl-C: stopping at the next step boundary and saving a checkpoint "
-              "(Ctrl-C again to abort without saving)", flush=True)
+        self.stop, self.signal = True, signal.Signals(signum).name
+        print(f"\n[hindsight] {self.signal}: stopping at the next step boundary and saving a "
+              f"checkpoint (send it again to abort without saving)", flush=True)
 
     @contextlib.contextmanager
     def installed(self):
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = signal.signal(signal.SIGINT, self)
+        previous = {s: signal.signal(s, self) for s in self.SIGNALS}
         try:
             yield self
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def _slice(batch: dict, part: int, parts: int) -> dict:
@@ -191,7 +221,7 @@ def _mean_records(records: list[dict]) -> dict:
 def _rollout_metrics(stats) -> dict:
     out = {"reward": stats.reward_mean, "response_length": stats.response_length_mean,
            "generated_tokens_per_group": float(np.mean(stats.generated_tokens)),
-           "rollout_seconds": stats.seconds["total"]}
+           "rollout_seconds": stats.seconds["total"], "verifier_errors": stats.verifier_errors}
     if stats.reflection_tokens:
         out["reflection_tokens_per_group"] = float(np.mean(stats.reflection_tokens))
     if stats.rollout == "dynamic":
@@ -213,19 +243,21 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     ``workdir``, resuming from its latest checkpoint when there is one.
 
     Returns:
-      The metrics summary plus ``final_step``, ``interrupted`` (bool), ``workdir`` and
-      ``eval_reward`` (the list of ``(step, reward)`` evaluations of this invocation).
+      The metrics summary plus ``final_step``, ``interrupted`` (bool), ``stop_signal`` (the
+      signal's name, e.g. ``"SIGTERM"``, or None), ``workdir`` and ``eval_reward`` (the list of
+      ``(step, reward)`` evaluations of this invocation). A run that already holds
+      ``train.num_steps`` steps is reported from its files, which stay untouched.
     Raises:
       :class:`~hindsight.train.experiment.ConfigError` for a bad config (before any model is
       loaded) or a ``workdir`` holding a run of another config.
     """
     xp = resolve(config)
     exp, method, t = xp.config, xp.method, xp.config.train
+    task, sampling = preflight(xp)
     _prepare_workdir(workdir, exp.to_dict())
 
     mesh = make_mesh(t.mesh)
     model, tokenizer = load_policy(exp.model, mesh)
-    task = get_task(exp.task.name, **exp.task.options)
     tx = make_optimizer(t.optim)
     method_state = method.init_state(method.config) if method.init_state is not None else None
     state, shardings, model_def = create_train_state(
@@ -251,8 +283,17 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         state, _ = ckpt.restore(abstract, shardings)
     per_step = t.updates_per_rollout
     start = int(state.step) // per_step
-    sampling, rollout = sampling_params(exp), rollout_config(xp)
+    rollout = rollout_config(xp)
     root_key = jax.random.key(exp.seed)
+    if start >= t.num_steps:  # finished: report it, write nothing
+        ckpt.close()
+        summary = MetricsLogger.read_summary(workdir, up_to=start)
+        summary.update(final_step=start, interrupted=False, stop_signal=None, workdir=workdir,
+                       eval_reward=[])
+        if progress and jax.process_index() == 0:
+            print(f"[hindsight] {workdir} already holds {start} steps (train.num_steps="
+                  f"{t.num_steps}): nothing to train", flush=True)
+        return summary
     logger = MetricsLogger(MetricsConfig(logdir=workdir, progress=progress),
                            total_steps=t.num_steps, initial_step=start)
     evals: list[tuple[int, float]] = []
@@ -270,8 +311,10 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                                   key=jax.random.fold_in(root_key, EVAL_STREAM))))
         logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)
     stop = _StopFlag()
-    saved_at = start
+    saved_at, nonfinite = start, 0
     primary = jax.process_index() == 0
+    if primary:
+        truncate_jsonl(os.path.join(workdir, "samples.jsonl"), start if start > 0 else -1)
     with stop.installed(), open(os.path.join(workdir, "samples.jsonl") if primary else os.devnull,
                                 "a", encoding="utf-8") as samples:
         for step in range(start, t.num_steps):
@@ -294,9 +337,24 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                     state, train_metrics = step_fn(state, mini)
                     updates.append(logger.write_update(step + 1, int(state.step), train_metrics,
                                                        epoch=epoch, minibatch=k))
+                    if updates[-1]["nonfinite"]:
+                        nonfinite += 1
+                        if nonfinite >= t.max_nonfinite_updates:
+                            last = ckpt.latest_step
+                            logger.close()
+                            ckpt.close()
+                            u = updates[-1]
+                            raise NonFiniteError(
+                                f"step {step + 1}, update {int(state.step)}: the loss or gradient "
+                                f"is not finite (loss={u['loss']}, grad_norm={u['grad_norm']}); it "
+                                f"was not applied. Stopped after {nonfinite} such update(s) "
+                                f"(train.max_nonfinite_updates={t.max_nonfinite_updates}); no "
+                                f"checkpoint was written after them, the last one is step "
+                                f"{last} in {workdir}")
             record = _mean_records(updates)
-            if update_method is not None:
-                state = update_method(state, record)
+            finite = [u for u in updates if not u["nonfinite"]]
+            if update_method is not None and finite:
+                state = update_method(state, _mean_records(finite))
             t2 = time.perf_counter()
             record.update(_rollout_metrics(stats), update_seconds=t2 - t1, step_time=t2 - t0,
                           tokens_per_s=float(np.sum(stats.generated_tokens)) / (t2 - t0))
@@ -314,6 +372,6 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         ckpt.save(final, state, meta={"interrupted": stop.stop}, force=True)
     ckpt.close()
     summary = logger.close()
-    summary.update(final_step=final, interrupted=stop.stop, workdir=workdir,
-                   eval_reward=[list(e) for e in evals])
+    summary.update(final_step=final, interrupted=stop.stop, stop_signal=stop.signal,
+                   workdir=workdir, eval_reward=[list(e) for e in evals])
     return summary

@@ -31,6 +31,43 @@ class MetricsConfig:
     progress: bool = True
 
 
+def truncate_jsonl(path: str, max_step: int) -> list[dict]:
+    """Keep the records of ``path`` with ``step <= max_step`` and return them.
+
+    A run resumed from the checkpoint of step ``max_step`` logs the steps after it again; the
+    records an interrupted run wrote past its last checkpoint are dropped first, so every step
+    appears once. A missing file is an empty history.
+    """
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    kept = [r for r in records if r.get("step", 0) <= max_step]
+    if len(kept) != len(records):
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+    return kept
+
+
+def _history(records: list[dict]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for r in records:
+        for k, v in r.items():
+            if k != "step" and isinstance(v, (int, float)):
+                out.setdefault(k, []).append(float(v))
+    return out
+
+
+def summarize(history: dict[str, list[float]], wall_s: float) -> dict:
+    """Per metric: last, mean, min, max (over finite values); plus steps and wall time."""
+    out = {"steps": max((len(v) for v in history.values()), default=0), "wall_s": wall_s}
+    for k, vals in history.items():
+        finite = [v for v in vals if math.isfinite(v)]
+        out[k] = {"last": vals[-1], "mean": float(np.mean(finite)) if finite else math.nan,
+                  "min": min(finite, default=math.nan), "max": max(finite, default=math.nan)}
+    return out
+
+
 def to_floats(metrics: dict) -> dict[str, float]:
     """Device scalars -> Python floats (one host transfer for the whole dict)."""
     host = jax.device_get(metrics)
@@ -41,7 +78,9 @@ class MetricsLogger:
     """Write per-step metrics and keep their history for :meth:`summary`.
 
     Usage: ``log = MetricsLogger(cfg, total_steps=N)``; each step ``log.write(step, metrics)``;
-    at the end ``log.close()`` returns the summary dict.
+    at the end ``log.close()`` returns the summary dict. With ``initial_step > 0`` (a resumed run)
+    the JSONL files keep their records up to that step (later ones are dropped, they will be logged
+    again) and the summary covers the whole run.
     """
 
     def __init__(self, config: MetricsConfig, *, total_steps: int | None = None,
@@ -53,6 +92,11 @@ class MetricsLogger:
         if primary and config.logdir is not None:
             os.makedirs(config.logdir, exist_ok=True)
             if config.jsonl:
+                # A fresh start (step 0) keeps nothing: no record of an earlier attempt survives.
+                limit = initial_step if initial_step > 0 else -1
+                kept = truncate_jsonl(os.path.join(config.logdir, "metrics.jsonl"), limit)
+                truncate_jsonl(os.path.join(config.logdir, "updates.jsonl"), limit)
+                self.history = _history(kept)
                 self._jsonl = open(os.path.join(config.logdir, "metrics.jsonl"), "a",
                                    encoding="utf-8")
                 self._updates = open(os.path.join(config.logdir, "updates.jsonl"), "a",
@@ -100,14 +144,19 @@ class MetricsLogger:
         return values
 
     def summary(self) -> dict:
-        """Per metric: last, mean, min, max over the logged steps; plus steps and wall time."""
-        out = {"steps": max((len(v) for v in self.history.values()), default=0),
-               "wall_s": time.perf_counter() - self._start}
-        for k, vals in self.history.items():
-            finite = [v for v in vals if math.isfinite(v)]
-            out[k] = {"last": vals[-1], "mean": float(np.mean(finite)) if finite else math.nan,
-                      "min": min(finite, default=math.nan), "max": max(finite, default=math.nan)}
-        return out
+        """:func:`summarize` of the run's history (this invocation's wall time)."""
+        return summarize(self.history, time.perf_counter() - self._start)
+
+    @staticmethod
+    def read_summary(logdir: str, *, up_to: int) -> dict:
+        """The summary of a finished run from its ``metrics.jsonl`` (records up to ``up_to``),
+        without writing anything."""
+        path = os.path.join(logdir, "metrics.jsonl")
+        records = []
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        return summarize(_history([r for r in records if r.get("step", 0) <= up_to]), 0.0)
 
     def close(self) -> dict:
         """Flush and close the writers; print and return :meth:`summary` (primary process)."""

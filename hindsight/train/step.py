@@ -70,7 +70,7 @@ def check_layout(*, batch_size: int, num_microbatches: int = 1, group_size: int 
     shape = dict(mesh_shape or {})
     shards = int(np.prod([shape.get(a, 1) for a in BATCH_AXES]))
     mesh = "(" + ", ".join(f"{a}={shape[a]}" for a in shape) + ")" if shape else "(1 device)"
-    where = (f"(rows per rollout {batch_size}, group_size={group_size}, "
+    where = (f"(rows {batch_size}, group_size={group_size}, "
              f"train.ppo_minibatches={ppo_minibatches}, train.num_microbatches={num_microbatches}, "
              f"{process_count} process(es), mesh {mesh})")
     g = group_size or 1
@@ -143,7 +143,8 @@ def shard_batch(batch, mesh: Mesh, *, num_microbatches: int = 1):
 
 def _micro_row_order(batch_size: int, num_micro: int, processes: int) -> np.ndarray:
     """``[M, B/M]`` indices into the step's rows (process-major order) of each laid-out row."""
-    rows = np.arange(batch_size).reshape(processes, num_micro, batch_size // (processes * num_micro))
+    per = batch_size // (processes * num_micro)
+    rows = np.arange(batch_size).reshape(processes, num_micro, per)
     return rows.transpose(1, 0, 2).reshape(num_micro, batch_size // num_micro)
 
 
@@ -170,7 +171,8 @@ class TrainStep:
     process_count`` rows on their leading axis, groups contiguous); the state is donated.
     ``metrics`` is a dict of float32 scalars: ``loss`` (the weighted objective), per term
     ``loss/<name>`` (its mean), ``weight/<name>`` and ``count/<name>`` (its normaliser over the
-    batch), ``grad_norm`` (before clipping), ``grad_clipped`` (1 when clipping fired),
+    batch), ``grad_norm`` (before clipping), ``nonfinite`` (1 when the loss or the gradient was not
+    finite and the update was therefore not applied), ``grad_clipped`` (1 when clipping fired),
     ``learning_rate`` (the rate used for this update) and each of the loss's metric pairs, divided
     once.
     """
@@ -244,9 +246,8 @@ class TrainStep:
             counts = None  # each term's own count is the batch's
         else:
             # Only the counts are used: XLA drops the model passes of this scan.
-            counts, _ = jax.lax.scan(lambda c, xs: (_add(c, counts_of(*xs)), None),
-                                     jax.tree.map(jnp.zeros_like,
-                                                  jax.eval_shape(counts_of, *_first((micro, keys)))),
+            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(counts_of, *_first((micro, keys))))
+            counts, _ = jax.lax.scan(lambda c, xs: (_add(c, counts_of(*xs)), None), zeros,
                                      (micro, keys))
 
         def micro_objective(params, mb, k):
@@ -289,9 +290,15 @@ class TrainStep:
         cfg = self.config
         out = dict(metrics)
         grad_norm = optax.global_norm(grads)
+        # A non-finite loss or gradient is not applied: params, optimizer and reference stay as
+        # they were (the step counter and the RNG still advance), and ``nonfinite`` says so.
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         updates, opt_state = self._optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        params = keep(optax.apply_updates(state.params, updates), state.params)
+        opt_state = keep(opt_state, state.opt_state)
         out["grad_norm"] = grad_norm
+        out["nonfinite"] = 1.0 - finite.astype(jnp.float32)
         if self._max_norm is not None:
             out["grad_clipped"] = (grad_norm > self._max_norm).astype(jnp.float32)
         if self._schedule is not None:
@@ -300,8 +307,8 @@ class TrainStep:
         reference = state.reference
         if reference is not None and cfg.reference == "ema":
             d = cfg.ema_decay
-            reference = jax.tree.map(lambda r, p: (d * r + (1.0 - d) * p).astype(r.dtype),
-                                     reference, params)
+            reference = keep(jax.tree.map(lambda r, p: (d * r + (1.0 - d) * p).astype(r.dtype),
+                                          reference, params), reference)
         new = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                          rng=rng, reference=reference, method_state=state.method_state)
         return new, out
@@ -347,8 +354,9 @@ class _Pair:
     weight: jax.Array
 
 
-def make_train_step(loss_fn: LossFn, *, model_def: ModelDef, optimizer: optax.GradientTransformation,
-                    mesh: Mesh, shardings: TrainState, config: StepConfig,
+def make_train_step(loss_fn: LossFn, *, model_def: ModelDef,
+                    optimizer: optax.GradientTransformation, mesh: Mesh, shardings: TrainState,
+                    config: StepConfig,
                     schedule: optax.Schedule | None = None, max_grad_norm: float | None = None,
                     loss_kwargs: dict | None = None, head=None) -> TrainStep:
     """Build the sharded train step (validates ``config`` against ``mesh`` before compiling).

@@ -39,3 +39,17 @@ def test_token_economics_and_report(tmp_path):
     assert "**⟦1: ⏎ (2.00)⟧**" in text and "**⟦3: z (1.50)⟧**" in text
     for png in ("curves.png", "trajectory.png"):
         assert os.path.getsize(tmp_path / "r" / png) > 1000
+
+
+def test_model_text_cannot_escape_into_markdown_or_html(tmp_path):
+    evil = "ok` <script>alert(1)</script> **bold** [x](http://e)"
+    trace = {"tokens": ["`", "<b>", "*", "_y_"], "scores": [0.0, 2.0, 0.5, 1.5], "points": [1],
+             "reward": 0.0, "feedback": evil, "reflection": evil}
+    _fake_run(tmp_path / "h", "hdl", [90, 120], [6.0, 3.0], trace=trace)
+    with open(tmp_path / "h" / "samples.jsonl", "w") as f:
+        f.write(json.dumps({"step": 2, "texts": [evil], "trace": trace}) + "\n")
+    text = open(write_report([str(tmp_path / "h")], str(tmp_path / "r")), encoding="utf-8").read()
+    assert "<script>" not in text and "<b>" not in text and "**bold**" not in text
+    assert "&lt;script&gt;" in text and "<code>" in text
+    # the trajectory's backtick and emphasis markers are literal characters
+    assert "\\`" in text and "\\*" in text and "\\_y\\_" in text

@@ -4,7 +4,7 @@ import pytest
 from hindsight.tasks import Example, get_task, task_names
 
 
-@pytest.mark.parametrize("name", ["reverse", "count_letters", "arithmetic", "sort_numbers"])
+@pytest.mark.parametrize("name", ["reverse", "count_letters", "arithmetic", "sort_numbers", "even_length"])
 def test_splits_are_deterministic_and_disjoint(name):
     task = get_task(name)
     train = task.examples(split="train", count=40, seed=1)
@@ -47,7 +47,7 @@ def test_sort_verifier():
     assert task.verify(ex, "3, 19, 7").feedback == "expected `3, 7, 19`, got `3, 19, 7`"
 
 
-@pytest.mark.parametrize("name", ["reverse", "count_letters", "arithmetic", "sort_numbers"])
+@pytest.mark.parametrize("name", ["reverse", "count_letters", "arithmetic", "sort_numbers", "even_length"])
 @pytest.mark.parametrize("style", ["reasoning", "explain"])
 def test_styles_change_prompt_not_answer(name, style):
     d = get_task(name).examples(split="train", count=3, seed=0)
@@ -67,3 +67,44 @@ def test_bad_input():
     with pytest.raises(ValueError, match="style"):
         get_task("reverse", style="verbose")
     assert set(task_names()) >= {"reverse", "count_letters", "arithmetic", "sort_numbers"}
+
+
+def test_even_length_verifier():
+    task = get_task("even_length")
+    ex = task.examples(split="train", count=1, seed=0)[0]
+    assert task.verify(ex, " tree ").reward == 1.0 and task.verify(ex, "cat").reward == 0.0
+    assert task.verify(ex, "cat").feedback == "expected an even number of characters, got 3"
+
+
+def test_huge_numbers_do_not_raise():
+    """Python refuses to convert more than 4,300 digits; a degenerate response may write them."""
+    task = get_task("count_letters")
+    ex = task.examples(split="train", count=1, seed=0)[0]
+    for text in ("9" * 5000, f"{'1' * 5000} then {ex.answer}", "1 2\n" + "3" * 6000 + " 4"):
+        v = task.verify(ex, text)
+        assert v.reward in (0.0, 1.0)
+    assert task.verify(ex, f"{'1' * 5000} so {ex.answer}").reward == 1.0
+    assert get_task("sort_numbers").verify(Example("", "1, 2", (2, 1)), "7" * 5000).reward == 0.0
+
+
+def test_a_raising_verifier_is_reward_zero_with_its_message():
+    import numpy as np
+    from hindsight.methods.testing import CharTokenizer
+    from hindsight.rollout.runtime import PhaseClock, verify_rows
+
+    class Broken:
+        name = "broken"
+
+        def verify(self, example, response):
+            if "x" in response:
+                raise RuntimeError("parser exploded\nsecond line")
+            return task.verify(example, response)
+
+    task = get_task("even_length")
+    ex = task.examples(split="train", count=1, seed=0)[0]
+    tok = CharTokenizer()
+    rows = np.array([tok.encode("ab"), tok.encode("xy")], np.int32)
+    clock = PhaseClock()
+    rewards, feedback, _ = verify_rows(Broken(), ex, tok, rows, np.array([2, 2]), clock=clock)
+    assert rewards.tolist() == [1.0, 0.0] and clock.verifier_errors == 1
+    assert feedback[1] == "verifier error: RuntimeError: parser exploded"

@@ -66,12 +66,23 @@ def _checkpoint_params(workdir: str, step: int):
     return ocp.StandardCheckpointer().restore(path)["params"]
 
 
+def documented_tiny(method: str, **train):
+    """``configs/<method>.py:tiny`` exactly as documented (task ``even_length``), no evaluation."""
+    config = importlib.import_module(f"configs.{method}").get_config("tiny")
+    config.eval.num_examples = 0
+    config.train.update(train)
+    return config
+
+
 @pytest.mark.parametrize("method", sorted(REGISTRY))
 def test_every_method_trains_and_resumes(method, tmp_path):
+    """The documented tiny config: mixed rewards, so the first step's gradient is not zero."""
     workdir = str(tmp_path / method)
-    out = run(tiny_config(method, num_steps=2), workdir, progress=False)
+    out = run(documented_tiny(method, num_steps=2), workdir, progress=False)
     assert out["final_step"] == 2 and not out["interrupted"]
-    out = run(tiny_config(method, num_steps=3), workdir, progress=False)  # resumes at step 2
+    first = [u for u in _lines(os.path.join(workdir, "updates.jsonl")) if u["step"] == 1]
+    assert first and first[0]["grad_norm"] > 0, first
+    out = run(documented_tiny(method, num_steps=3), workdir, progress=False)  # resumes at step 2
     assert out["final_step"] == 3
     steps = [r for r in _lines(os.path.join(workdir, "metrics.jsonl")) if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
@@ -154,3 +165,70 @@ def test_config_files_are_valid(method, variant):
     config = importlib.import_module(f"configs.{method}").get_config(variant)
     exp = resolve(config).config
     assert exp.method == method
+
+
+def test_training_through_nan_stops_with_the_last_good_checkpoint(tmp_path):
+    """An update that would write NaN is not applied; the run stops with NonFiniteError, no
+    checkpoint after it, and the launcher exits non-zero."""
+    from hindsight.train.experiment import NonFiniteError
+    workdir = str(tmp_path / "run")
+    config = tiny_config("grpo", num_steps=4, save_every=1)
+    config.train.optim.update(learning_rate=1e30, max_grad_norm=None)  # step 1 blows the params up
+    with pytest.raises(NonFiniteError, match=r"not finite.*not applied.*last one is step"):
+        run(config, workdir, progress=False)
+    steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
+    updates = _lines(os.path.join(workdir, "updates.jsonl"))
+    bad = [u for u in updates if u["nonfinite"]]
+    assert len(bad) == 1 and steps and max(steps) < bad[0]["step"]
+    for leaf in jax.tree.leaves(_checkpoint_params(workdir, max(steps))):
+        assert np.all(np.isfinite(np.asarray(leaf)))
+
+
+def test_infinite_config_values_are_refused(tmp_path):
+    config = tiny_config("grpo")
+    config.train.optim.learning_rate = float("inf")
+    with pytest.raises(ConfigError, match=r"train.optim.learning_rate must be a finite number"):
+        run(config, str(tmp_path / "run"), progress=False)
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("rollout.top_p", 0.0, "top_p"),
+    ("task.options", {"min_words": 1}, "min_words"),
+    ("model.name", "no-such-model", "neither a registry name"),
+    ("eval.split", "validation", "eval.split"),
+])
+def test_bad_values_fail_before_the_run_directory_is_written(tmp_path, key, value, match):
+    config = tiny_config("grpo")
+    config.task.name = "reverse"
+    section, name = key.split(".")
+    setattr(getattr(config, section), name, value)
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=match):
+        run(config, str(workdir), progress=False)
+    assert not workdir.exists()
+
+
+def test_a_finished_run_is_reported_not_overwritten(tmp_path):
+    workdir = str(tmp_path / "run")
+    run(tiny_config("grpo", num_steps=2), workdir, progress=False)
+    files = {f: os.path.getmtime(os.path.join(workdir, f))
+             for f in ("summary.json", "metrics.jsonl", "updates.jsonl", "samples.jsonl")}
+    with open(os.path.join(workdir, "summary.json")) as f:
+        before = json.load(f)
+    for steps in (2, 1):  # the same length again, then fewer steps
+        out = run(tiny_config("grpo", num_steps=steps), workdir, progress=False)
+        assert out["final_step"] == 2 and out["steps"] == before["steps"] == 2
+        assert out["loss"]["last"] == before["loss"]["last"]
+    assert files == {f: os.path.getmtime(os.path.join(workdir, f)) for f in files}
+
+
+def test_hdl_tiny_on_a_task_with_long_feedback(tmp_path):
+    """``reverse``'s feedback (~70 characters, one token each) is cut to the engine's feedback room
+    instead of overflowing the cache at step 1."""
+    config = documented_tiny("hdl", num_steps=1)
+    config.task.name = "reverse"
+    out = run(config, str(tmp_path / "run"), progress=False)
+    assert out["final_step"] == 1
+    (sample,) = _lines(os.path.join(str(tmp_path / "run"), "samples.jsonl"))
+    assert all(len(f) <= 48 for f in [sample["trace"]["feedback"]])

@@ -81,3 +81,33 @@ def test_check_layout_refuses_split_groups(rows, micro, mini, group, shards, pro
     # A layout whose groups span devices but not micro-batches is fine (XLA moves the rows).
     ht.check_layout(batch_size=32, num_microbatches=2, group_size=8, ppo_minibatches=2,
                     mesh_shape={"data": 8, "fsdp": 1, "tensor": 1}, couples_rows=True)
+
+
+def test_a_nonfinite_update_is_not_applied():
+    mesh = ht.make_mesh(ht.MeshConfig())
+    tx = ht.make_optimizer(ht.OptimConfig(name="adamw", learning_rate=0.1))
+    state, shardings, model_def = ht.create_train_state(TinyMLPLM(), tx, mesh=mesh,
+                                                        reference="ema")
+
+    def loss_fn(model, batch, *, poison):
+        out = grpo_loss(model, batch)
+        t = out.terms["policy"]
+        return type(out)({"policy": type(t)(t.sum * poison, t.count)}, out.metrics)
+
+    make = lambda poison: ht.make_train_step(
+        loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
+        loss_kwargs={"poison": poison},
+        config=ht.StepConfig(batch_size=8, reference="ema", ema_decay=0.5))
+    batch = make_batch(8, seed=4)
+    before = flat(state)
+    state, metrics = make(float("nan"))(state, batch)
+    assert float(metrics["nonfinite"]) == 1.0 and not np.isfinite(float(metrics["loss"]))
+    after = flat(state)
+    for k in before:
+        if k.startswith(("params", "opt_state", "reference")):
+            np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    assert int(state.step) == 1  # the counter still advances
+    state, metrics = make(1.0)(state, batch)
+    assert float(metrics["nonfinite"]) == 0.0
+    assert any(np.abs(flat(state)[k] - before[k]).max() > 0 for k in before
+               if k.startswith("params"))

@@ -1,0 +1,44 @@
+"""Whole groups everywhere: on a fixed batch of B = 32 rows in groups of G = 8 with mixed rewards,
+every method's train-step loss and gradient on 2 devices (data=2) and on 8 (data=2, fsdp=2,
+tensor=2), with 1 or 2 PPO mini-batches and 1, 2 or 4 micro-batches, equal the single-device,
+single-micro-batch step on the same mini-batch; a layout that would split a group inside a
+micro-batch of a loss that couples rows (CRAFT) is refused before compiling (8 forced CPU
+devices, in a child process: tests/train/run_layout.py)."""
+import pytest
+
+from hindsight.methods import REGISTRY
+from tests.train.helpers import run_script
+
+TOL = 1e-5
+
+
+def _check(results, *, refused=()):
+    for name, combos in results.items():
+        for label, r in combos.items():
+            if label == "credit":
+                continue
+            if label in refused:
+                assert "couples the rows of a group" in r["refused"], (name, label, r)
+                assert "group_size=8" in r["refused"] and "train.num_microbatches=4" in r["refused"]
+                continue
+            assert "refused" not in r, (name, label, r)
+            assert r["grad_norm"] > 0, (name, label)  # mixed rewards: a real gradient
+            assert r["loss_rel"] < TOL and r["grads_rel"] < TOL, (name, label, r)
+
+
+@pytest.mark.slow
+def test_craft_every_layout():
+    out = run_script("tests.train.run_layout", "craft", "--full", num_devices=8, timeout=900)
+    assert len(out["craft"]) == 13 and out["craft"]["credit"] > 0  # 12 layouts + the credit
+    # 2 mini-batches of 16 rows in 4 micro-batches: 4 rows cannot hold a group of 8.
+    _check(out, refused=("d2-k2-m4", "d8-k2-m4"))
+
+
+@pytest.mark.slow
+def test_every_method_on_the_most_split_layouts():
+    names = sorted(set(REGISTRY) - {"craft"})
+    out = run_script("tests.train.run_layout", *names, num_devices=8, timeout=900)
+    assert sorted(out) == names
+    for name in names:
+        assert sorted(k for k in out[name] if k != "credit") == ["d2-k1-m2", "d8-k2-m4"]
+    _check(out)
