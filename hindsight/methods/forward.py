@@ -38,8 +38,9 @@ class LMHead:
 
     Attributes:
       backend: ``"scan"`` (blocks of rows in a ``lax.scan`` under remat), ``"fused"`` (the
-        default, :data:`hindsight.ops.LM_HEAD_DEFAULT`: blocks in a custom-VJP scan that recomputes each block's logits in the backward pass and accumulates
-        the unembedding gradient in float32 tiles) or ``"dense"`` (all logits at once: the
+        default, :data:`hindsight.ops.LM_HEAD_DEFAULT`: blocks in a custom-VJP scan that
+        recomputes each block's logits in the backward pass and accumulates the unembedding
+        gradient in float32 tiles) or ``"dense"`` (all logits at once: the
         reference, for small vocabularies); see :func:`hindsight.ops.lm_head_map`.
       chunk_size: rows per block (None: the backend's default for the vocabulary size).
       vocab_mask: optional ``[V]`` bool, True for real vocabulary entries; padded rows of the

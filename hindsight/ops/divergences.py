@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_static_float, check_vocab_match
-from hindsight.ops.logprobs import LOGP_FLOOR, log_softmax
+from hindsight.ops.logprobs import carries_mass, log_softmax
 
 
 def kl_from_logprobs(lp: jax.Array, lq: jax.Array) -> jax.Array:
@@ -23,15 +23,10 @@ def kl_from_logprobs(lp: jax.Array, lq: jax.Array) -> jax.Array:
     ``-inf`` included), selected *before* the product so that no ``0 * inf`` reaches the backward
     pass. A NaN ``lp`` is live: it makes the value NaN instead of vanishing from it.
     """
-    live = _live(lp)
+    live = carries_mass(lp)
     lp_safe = jnp.where(live, lp, 0.0)
     terms = jnp.where(live, jnp.exp(lp_safe) * (lp_safe - jnp.where(live, lq, 0.0)), 0.0)
     return jnp.sum(terms, axis=-1)
-
-
-def _live(logp: jax.Array) -> jax.Array:
-    """Entries that carry probability: not ``<= LOGP_FLOOR`` (so NaN counts as live)."""
-    return jnp.logical_not(logp <= LOGP_FLOOR)
 
 
 MIX_FLOOR = -1e30

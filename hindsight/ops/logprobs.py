@@ -18,6 +18,13 @@ LOGP_FLOOR = -1e4
 """Log-probabilities below this are treated as exact zeros of probability in KL-type sums."""
 
 
+def carries_mass(logp: jax.Array) -> jax.Array:
+    """Entries of float32 log-probs that carry probability in KL / entropy sums: not
+    ``<= LOGP_FLOOR``, so an entry at ``-inf`` drops out while a NaN one stays (and makes the sum
+    NaN instead of vanishing from it)."""
+    return jnp.logical_not(logp <= LOGP_FLOOR)
+
+
 def carry_nonfinite(value: jax.Array, x: jax.Array) -> jax.Array:
     """``value`` where ``x`` is finite, NaN where it is not (``value + 0 * x``, gradient 0 for x).
 
@@ -81,6 +88,6 @@ def entropy(logits: jax.Array, *, vocab_mask: jax.Array | None = None) -> jax.Ar
 def entropy_from_logprobs(logp: jax.Array) -> jax.Array:
     """Entropy from float32 log-probs ``[..., V] -> [...]``; entries at or below ``LOGP_FLOOR`` count
     as 0 (NaN ones do not: they make the entropy NaN)."""
-    live = jnp.logical_not(logp <= LOGP_FLOOR)
+    live = carries_mass(logp)
     safe = jnp.where(live, logp, 0.0)
     return -jnp.sum(jnp.where(live, jnp.exp(safe) * safe, 0.0), axis=-1)
