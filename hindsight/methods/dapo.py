@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from hindsight._validation import check_group_size, check_rank, check_static_float, shape_of
 from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.methods.policy_gradient import SurrogateConfig, surrogate_loss
 from hindsight.objectives import Loss, overlong_penalty
 
 NAME = "dapo"
@@ -106,7 +106,7 @@ def keep_groups(scores: jax.Array, group_size: int) -> jax.Array:
 
 
 def loss_fn(model, batch, *, config: DAPOConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, counts=None) -> Loss:
     """DAPO loss: the ``policy`` term (token-mean clipped surrogate), no KL term.
 
     Metrics as :func:`hindsight.methods.grpo.loss_fn` (``kl`` reported when ``reference`` is given).
@@ -114,8 +114,7 @@ def loss_fn(model, batch, *, config: DAPOConfig | None = None, head=None, refere
     config = resolve_config(NAME, config, DAPOConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    rows = policy_rows(model, batch, config, head=head, reference=reference)
-    return Loss(*surrogate_terms(rows, batch, config))
+    return surrogate_loss(model, batch, config, head=head, reference=reference, counts=counts)
 
 
 def derive(rollout) -> dict:

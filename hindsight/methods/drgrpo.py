@@ -13,7 +13,7 @@ import dataclasses
 
 from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.methods.policy_gradient import SurrogateConfig, surrogate_loss
 from hindsight.objectives import Loss
 
 NAME = "drgrpo"
@@ -43,7 +43,7 @@ class DrGRPOConfig(SurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: DrGRPOConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, counts=None) -> Loss:
     """Dr.GRPO loss: the ``policy`` term in ``seq-mean-token-sum-norm`` (its count is the number
     of non-empty sequences, its sums are divided by ``max_response_length``).
 
@@ -54,9 +54,8 @@ def loss_fn(model, batch, *, config: DrGRPOConfig | None = None, head=None, refe
     require_no_state(NAME, method_state)
     _, length = check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     norm = config.max_response_length or length
-    rows = policy_rows(model, batch, config, head=head, reference=reference)
-    return Loss(*surrogate_terms(rows, batch, config, mode="seq-mean-token-sum-norm",
-                                 norm=float(norm)))
+    return surrogate_loss(model, batch, config, head=head, reference=reference, counts=counts,
+                          mode="seq-mean-token-sum-norm", norm=float(norm))
 
 
 def derive(rollout) -> dict:

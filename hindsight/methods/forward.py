@@ -3,7 +3,9 @@
 :func:`context_hidden` runs a decoder on one context of the batch and gathers the hidden states
 that predict the response tokens (``[B, T, D]``), with the model's unembedding ``[D, V]``.
 :func:`vocab_rows` projects several such sides through the :class:`LMHead` (backend, block size,
-vocabulary mask) and applies a per-position function to their log-softmaxes; with the ``scan``
+vocabulary mask) and applies a per-position function to their log-softmaxes; :func:`vocab_sum`
+does the same for a loss that is a sum of per-position terms with known coefficients, whose
+gradient the fused backend forms in the forward pass (no logits recomputed). With the ``scan``
 and ``fused`` backends float32 ``[B, T, V]`` logits never exist, in the forward or the backward
 pass. :func:`distill_term` is the token-mean term of a per-position divergence.
 """
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 from hindsight._validation import check_choice
 from hindsight.batch import context_key
 from hindsight.objectives import aggregate, term
-from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT, lm_head_map
+from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT, lm_head_map, lm_head_sum
 
 
 class Side(NamedTuple):
@@ -110,11 +112,7 @@ def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, 
       ``row_fn``'s dict with each leaf ``[B, T]``.
     """
     head = LMHead() if head is None else head
-    names = tuple(sides)
-    live = (jnp.asarray(mask) > 0)[..., None]
-    # a select, not a product: 0 * NaN would still be NaN (and so would the unembedding's gradient)
-    hiddens = [jnp.where(live, sides[n].hidden, jnp.zeros((), sides[n].hidden.dtype))
-               for n in names]
+    names, hiddens = _masked_sides(sides, mask)
 
     def row(logits, extras):
         logp = {n: jax.nn.log_softmax(z) for n, z in zip(names, logits)}
@@ -124,6 +122,46 @@ def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, 
                        (targets,), backend=head.backend, chunk_size=head.chunk_size,
                        vocab_mask=head.vocab_mask, temperature=temperature,
                        frozen=tuple(bool(sides[n].frozen) for n in names))
+
+
+def vocab_sum(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, mask: jax.Array,
+              extras: Mapping[str, jax.Array] | None = None, *, head: LMHead | None = None,
+              temperature: float = 1.0) -> tuple[jax.Array, dict]:
+    """A sum of per-position losses over named sides, through the LM head
+    (:func:`hindsight.ops.lm_head_sum`: the fused backend forms the gradient in the forward pass).
+
+    Args:
+      row_fn: ``row_fn(logp, tokens, extras) -> (loss [C], aux)``: ``logp`` and ``tokens`` as in
+        :func:`vocab_rows`, ``extras`` the ``{name: [C, ...]}`` rows of ``extras``; ``loss`` the
+        per-position contribution to the sum (its coefficient included, 0 at positions that do not
+        count), ``aux`` a dict of ``[C]`` per-position values returned without gradient.
+      sides, targets, mask, head, temperature: as in :func:`vocab_rows` (masked positions see zero
+        hidden states).
+      extras: ``{name: [B, T, ...]}`` per-position arrays (advantages, coefficients, ...).
+    Returns:
+      ``(total, aux)``: the float32 scalar sum (with gradient) and ``aux`` with leaves ``[B, T]``.
+    """
+    head = LMHead() if head is None else head
+    names, hiddens = _masked_sides(sides, mask)
+    keys = tuple(extras or {})
+
+    def row(logits, ex):
+        logp = {n: jax.nn.log_softmax(z) for n, z in zip(names, logits)}
+        return row_fn(logp, ex[0], dict(zip(keys, ex[1:])))
+
+    return lm_head_sum(row, hiddens, [sides[n].unembed for n in names],
+                       (targets,) + tuple(extras[k] for k in keys), backend=head.backend,
+                       chunk_size=head.chunk_size, vocab_mask=head.vocab_mask,
+                       temperature=temperature, frozen=tuple(bool(sides[n].frozen) for n in names))
+
+
+def _masked_sides(sides: Mapping[str, Side], mask) -> tuple[tuple[str, ...], list]:
+    """Side names and their hidden states with masked positions replaced by zeros."""
+    names = tuple(sides)
+    live = (jnp.asarray(mask) > 0)[..., None]
+    # a select, not a product: 0 * NaN would still be NaN (and so would the unembedding's gradient)
+    return names, [jnp.where(live, sides[n].hidden, jnp.zeros((), sides[n].hidden.dtype))
+                   for n in names]
 
 
 def distill_term(rows: dict, mask, *, loss: str, weight=1.0):

@@ -20,7 +20,7 @@ from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
 from hindsight.methods.method import (Method, require_no_state, require_reference,
                                       resolve_config)
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.methods.policy_gradient import SurrogateConfig, surrogate_loss
 from hindsight.objectives import ESTIMATORS, MODES, Loss
 
 NAME = "grpo"
@@ -59,22 +59,24 @@ class GRPOConfig(SurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: GRPOConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, counts=None) -> Loss:
     """GRPO loss on a batch (see :mod:`hindsight.methods.method`).
 
     Terms: ``policy`` (the clipped surrogate, aggregated with ``mode``) and, with ``kl_coef > 0``,
     ``kl`` (weight ``kl_coef``, same aggregation). Metrics: ``entropy``, ``clip_low_frac``,
     ``clip_high_frac``, ``dual_clip_frac``, ``ratio``, ``approx_kl``, and ``kl`` (to the reference)
-    when ``reference`` is given and the KL is not a term.
+    when ``reference`` is given and the KL is not a term. ``counts`` (the step's whole-batch term
+    counts) lets the loss form its objective position by position
+    (:func:`hindsight.methods.policy_gradient.surrogate_loss`).
     """
     config = resolve_config(NAME, config, GRPOConfig())
     require_no_state(NAME, method_state)
     if config.needs_reference:
         require_reference(NAME, reference, f"kl_coef={config.kl_coef}")
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    rows = policy_rows(model, batch, config, head=head, reference=reference)
-    return Loss(*surrogate_terms(rows, batch, config, mode=config.mode, norm=config.norm,
-                                 kl_coef=config.kl_coef, kl_estimator=config.kl_estimator))
+    return surrogate_loss(model, batch, config, head=head, reference=reference, counts=counts,
+                          mode=config.mode, norm=config.norm, kl_coef=config.kl_coef,
+                          kl_estimator=config.kl_estimator)
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=GRPOConfig(), contexts=CONTEXTS,

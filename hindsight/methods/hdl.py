@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from hindsight._validation import check_choice
 from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
-from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
+from hindsight.methods.policy_gradient import SurrogateConfig, surrogate_loss
 from hindsight.objectives import Loss
 from hindsight.objectives.aggregation import as_mask
 from hindsight.signals import BRANCH_COUNTS
@@ -125,7 +125,7 @@ def min_gap(length: int, config: HDLConfig) -> int:
 
 
 def loss_fn(model, batch, *, config: HDLConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, counts=None) -> Loss:
     """HDL loss: the ``policy`` term, token-mean clipped surrogate over the suffix masks.
 
     Metrics as :func:`hindsight.methods.grpo.loss_fn`, plus branch statistics read off the loss mask
@@ -135,8 +135,8 @@ def loss_fn(model, batch, *, config: HDLConfig | None = None, head=None, referen
     config = resolve_config(NAME, config, HDLConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    rows = policy_rows(model, batch, config, head=head, reference=reference)
-    terms, metrics = surrogate_terms(rows, batch, config)
+    loss = surrogate_loss(model, batch, config, head=head, reference=reference, counts=counts)
+    metrics = dict(loss.metrics)
     m = as_mask(batch["mask"])
     nonempty = jnp.any(m, axis=-1)
     first = jnp.argmax(m, axis=-1).astype(jnp.float32)
@@ -145,7 +145,7 @@ def loss_fn(model, batch, *, config: HDLConfig | None = None, head=None, referen
                               jnp.sum(nonempty, dtype=jnp.float32))
     metrics["branch_point"] = (jnp.sum(jnp.where(branch, first, 0.0)),
                                jnp.sum(branch, dtype=jnp.float32))
-    return Loss(terms, metrics)
+    return Loss(loss.terms, metrics, objective=loss.objective)
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=HDLConfig(), contexts=CONTEXTS,

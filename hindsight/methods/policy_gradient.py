@@ -1,10 +1,22 @@
 """The clipped-surrogate core shared by the GRPO family (grpo, dapo, drgrpo, hdl, pcsd, craft).
 
-One LM-head pass gives, per response position, the policy's log-prob of the sampled token (with
-gradient), its entropy, and the stop-gradient log-probs of the same token under the reference model
-and a teacher context when the method has them; :func:`surrogate_terms` turns them into the
-``policy`` term (:func:`hindsight.objectives.policy_loss`) and, with a KL coefficient, a ``kl``
-term aggregated the same way.
+Two ways through the LM head, for two kinds of objective:
+
+* :func:`surrogate_loss` (grpo, dapo, drgrpo, hdl): the objective is a sum of per-position terms
+  whose coefficients (aggregation weight / the step's count) are known before the head runs, so
+  the whole objective (``policy`` plus the optional ``kl`` term) is formed inside one
+  :func:`~hindsight.methods.forward.vocab_sum`, whose fused backend forms the gradient in the
+  forward pass: three matmuls per side, as dense logits. Token-level ratios only: GSPO's sequence
+  ratio couples the positions of a row, and takes the second way.
+* :func:`policy_rows` + :func:`surrogate_terms` (pcsd, craft, and ``ratio_level="sequence"``): one
+  LM-head pass gives, per response position, the policy's log-prob of the sampled token (with
+  gradient), its entropy, and the stop-gradient log-probs under the reference model and a teacher
+  context; the caller combines them across positions (PCSD's windowed gate, CRAFT's sibling
+  credit) before :func:`surrogate_terms` forms the ``policy`` term
+  (:func:`hindsight.objectives.policy_loss`) and, with a KL coefficient, a ``kl`` term aggregated
+  the same way. The backward pass recomputes the logits (four matmuls per trained side).
+
+Both give the same terms, metrics and gradients (tests/methods/test_surrogate_paths.py).
 """
 from __future__ import annotations
 
@@ -14,10 +26,15 @@ from collections.abc import Mapping
 import jax
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.forward import LMHead, Side, context_hidden, gather, vocab_rows
+import jax.numpy as jnp
+
+from hindsight.methods.forward import LMHead, Side, context_hidden, gather, vocab_rows, vocab_sum
 from hindsight.methods.method import LossConfig
-from hindsight.objectives import (RATIO_LEVELS, SCALES, Term, aggregate, kl_penalty, policy_loss,
-                                  term)
+from hindsight.objectives import (RATIO_LEVELS, SCALES, Loss, Term, aggregate, kl_penalty,
+                                  policy_loss, scale, term, token_surrogate, token_weights)
+from hindsight.objectives.aggregation import as_mask
+from hindsight.objectives.kl_estimators import LOG_RATIO_CLIP
+from hindsight.objectives.policy import broadcast_advantages
 from hindsight.ops import entropy_from_logprobs, kl_from_logprobs
 
 
@@ -122,3 +139,77 @@ def surrogate_terms(rows: Mapping[str, jax.Array], batch: Mapping, config: Surro
             metrics["kl"] = (jax.lax.stop_gradient(kl.sum), kl.count)
     metrics["entropy"] = aggregate(rows["entropy"], mask)
     return terms, metrics
+
+
+_CLIP_METRICS = ("clip_low_frac", "clip_high_frac", "dual_clip_frac", "ratio", "approx_kl")
+
+
+def surrogate_loss(model, batch: Mapping, config: SurrogateConfig, *, head: LMHead | None = None,
+                   reference=None, counts: Mapping | None = None, mode: str = "token-mean",
+                   norm: float | None = None, kl_coef: float = 0.0,
+                   kl_estimator: str = "k3") -> Loss:
+    """The ``policy`` term (and, with ``kl_coef > 0``, the ``kl`` term) and their objective, formed
+    position by position in one :func:`~hindsight.methods.forward.vocab_sum`.
+
+    Each position's contribution is ``scale_policy * w_t * l_t + scale_kl * w_t * kl_t``, with
+    ``w_t`` the aggregation weight of ``mode`` (:func:`hindsight.objectives.token_weights`) and
+    ``scale_k = weight_k / count_k``, ``count_k`` from ``counts`` (the step's whole-batch counts)
+    or, without it, this batch's own. The same terms, metrics and objective as
+    ``surrogate_terms(policy_rows(...))`` (to float reassociation), which this falls back to for
+    ``ratio_level="sequence"``.
+
+    Returns:
+      A :class:`~hindsight.objectives.Loss` with ``objective`` set (token level): terms and
+      metrics as :func:`surrogate_terms`.
+    """
+    if config.ratio_level != "token":
+        rows = policy_rows(model, batch, config, head=head, reference=reference)
+        return Loss(*surrogate_terms(rows, batch, config, mode=mode, norm=norm, kl_coef=kl_coef,
+                                     kl_estimator=kl_estimator))
+    mask = batch["mask"]
+    m = as_mask(mask)
+    weights = token_weights(mask, mode=mode, norm=norm)
+    _, count = aggregate(jnp.zeros(weights.shape, jnp.float32), mask, mode=mode, norm=norm)
+    with_kl = kl_coef > 0.0
+    counts = counts or {}
+    extras = {"live": m.astype(jnp.float32), "logp_old": batch["logp_old"],
+              "adv": broadcast_advantages(batch["advantages"], weights.shape),
+              "coef": scale(1.0, counts.get("policy", count)) * weights}
+    if with_kl:
+        extras["coef_kl"] = scale(kl_coef, counts.get("kl", count)) * weights
+    sides = {"policy": context_hidden(model, batch)}
+    if reference is not None:
+        sides["reference"] = context_hidden(reference, batch, frozen=True)
+
+    def row(logp, tokens, ex):
+        lp = gather(logp["policy"], tokens)
+        live = ex["live"] > 0
+        log_ratio = jnp.where(live, lp - ex["logp_old"].astype(jnp.float32), 0.0)
+        token_log_ratio = jnp.clip(log_ratio, -LOG_RATIO_CLIP, LOG_RATIO_CLIP)
+        pg, low, high, dual, ratio = token_surrogate(
+            token_log_ratio, log_ratio, jnp.where(live, ex["adv"], 0.0), live,
+            eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip)
+        loss = ex["coef"] * pg
+        f32 = lambda b: b.astype(jnp.float32)
+        aux = {"pg": pg, "entropy": entropy_from_logprobs(logp["policy"]),
+               "clip_low_frac": f32(low), "clip_high_frac": f32(high),
+               "dual_clip_frac": f32(dual), "ratio": ratio, "approx_kl": -token_log_ratio}
+        if "reference" in logp:
+            kl = kl_penalty(lp, gather(logp["reference"], tokens), live, estimator=kl_estimator)
+            aux["kl"] = kl
+            if with_kl:
+                loss = loss + ex["coef_kl"] * kl
+        return loss, aux
+
+    total, aux = vocab_sum(row, sides, batch["targets"], mask, extras, head=head,
+                           temperature=config.temperature)
+    weighted = lambda x: jnp.sum(jnp.where(m, weights * x, 0.0))
+    terms = {"policy": Term(sum=weighted(aux["pg"]), count=count, mode=mode)}
+    metrics = {name: aggregate(aux[name], mask) for name in _CLIP_METRICS}
+    if "kl" in aux:
+        if with_kl:
+            terms["kl"] = Term(sum=weighted(aux["kl"]), count=count, weight=kl_coef, mode=mode)
+        else:
+            metrics["kl"] = (weighted(aux["kl"]), count)
+    metrics["entropy"] = aggregate(aux["entropy"], mask)
+    return Loss(terms, metrics, objective=total)

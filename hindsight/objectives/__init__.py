@@ -6,16 +6,18 @@ are exact across micro-batches and devices: add the pairs up, then divide once p
 named :class:`Term`\ s (:mod:`hindsight.objectives.terms`), each divided by its own count.
 """
 from hindsight.objectives.advantages import SCALES, group_advantages
-from hindsight.objectives.aggregation import MODES, aggregate, finalize, finalize_metrics
+from hindsight.objectives.aggregation import (MODES, aggregate, finalize, finalize_metrics,
+                                              token_weights)
 from hindsight.objectives.distillation import DIVERGENCES, distillation_loss, sampled_distillation_loss
 from hindsight.objectives.kl_estimators import ESTIMATORS, kl_penalty
-from hindsight.objectives.policy import RATIO_LEVELS, clipped_surrogate, policy_loss
+from hindsight.objectives.policy import (RATIO_LEVELS, clipped_surrogate, policy_loss,
+                                         token_surrogate)
 from hindsight.objectives.shaping import overlong_penalty
-from hindsight.objectives.terms import Loss, Term, objective, term, term_metrics
+from hindsight.objectives.terms import Loss, Term, objective, scale, term, term_metrics
 
 __all__ = [
     "DIVERGENCES", "ESTIMATORS", "Loss", "MODES", "Term", "aggregate", "clipped_surrogate", "distillation_loss",
     "finalize", "finalize_metrics", "group_advantages", "kl_penalty", "overlong_penalty",
-    "objective", "policy_loss", "sampled_distillation_loss", "term", "term_metrics",
-    "RATIO_LEVELS", "SCALES",
+    "objective", "policy_loss", "sampled_distillation_loss", "scale", "term", "term_metrics",
+    "RATIO_LEVELS", "SCALES", "token_surrogate", "token_weights",
 ]

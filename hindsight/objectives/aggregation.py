@@ -93,6 +93,25 @@ def aggregate(per_token: jax.Array, mask: jax.Array, *, mode: str = "token-mean"
     return jnp.sum(row_sum) / norm, rows
 
 
+def token_weights(mask: jax.Array, *, mode: str = "token-mean",
+                  norm: float | None = None) -> jax.Array:
+    """``[B, T]`` float32 weights ``w`` with ``aggregate(x, mask, mode=mode)[0] == sum(w * x)``
+    (up to float reassociation) for every ``x``: each mode's sum is linear in the per-token values,
+    with coefficients that depend on the mask only. 0 at masked positions; ``1`` (token-mean,
+    seq-mean-token-sum), ``1 / tokens_b`` (seq-mean-token-mean), ``1 / norm``
+    (seq-mean-token-sum-norm). What a loss needs to form a term's sum one position at a time
+    (:func:`hindsight.ops.lm_head_sum`)."""
+    check_rank("mask", mask, rank=2)
+    norm = check_mode(mode, norm)
+    m = as_mask(mask)
+    one = m.astype(jnp.float32)
+    if mode in ("token-mean", "seq-mean-token-sum"):
+        return one
+    if mode == "seq-mean-token-mean":
+        return one / jnp.maximum(jnp.sum(one, axis=-1, keepdims=True), 1.0)
+    return one / norm
+
+
 def finalize(total: jax.Array, count: jax.Array) -> jax.Array:
     """``total / max(count, 1)``: the mean of a ``(sum, count)`` pair; 0 when nothing was counted."""
     return jnp.asarray(total, jnp.float32) / jnp.maximum(jnp.asarray(count, jnp.float32), 1.0)

@@ -31,7 +31,7 @@ SEQ_LOG_RATIO_MAX = 10.0
 token level clamps to ``[-LOG_RATIO_CLIP, LOG_RATIO_CLIP]`` as verl's vanilla loss does."""
 
 
-def _broadcast_advantages(advantages: jax.Array, shape: tuple) -> jax.Array:
+def broadcast_advantages(advantages: jax.Array, shape: tuple) -> jax.Array:
     """``[B]`` (one per sequence) or ``[B, T]`` (token-level credit) -> float32 ``[B, T]``."""
     s = shape_of(advantages)
     if s == shape[:1]:
@@ -85,7 +85,7 @@ def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Arra
         dual_clip = check_static_float("dual_clip", dual_clip)
         if dual_clip <= 1.0:
             raise ValueError(f"`dual_clip` must be > 1 (or None to disable), got {dual_clip}")
-    adv = _broadcast_advantages(advantages, shape_of(logp))
+    adv = broadcast_advantages(advantages, shape_of(logp))
     m = as_mask(mask)
     # Select before exp: a masked position with a garbage log-prob must not reach the backward pass.
     log_ratio = jnp.where(m, jnp.asarray(logp).astype(jnp.float32)
@@ -101,6 +101,31 @@ def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Arra
         log_rho = log_ratio - sg(log_ratio) + sg(seq)  # value log s_b, gradient 1 at unmasked tokens
         # torch.clamp(max=10): gradient 0 strictly above the bound, 1 at it.
         log_rho = jnp.where(log_rho > SEQ_LOG_RATIO_MAX, SEQ_LOG_RATIO_MAX, log_rho)
+    loss, clip_low, clip_high, dual, ratio = token_surrogate(
+        log_rho, log_ratio, adv, m, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)
+    metrics = {
+        "clip_low_frac": aggregate(clip_low.astype(jnp.float32), m),
+        "clip_high_frac": aggregate(clip_high.astype(jnp.float32), m),
+        "dual_clip_frac": aggregate(dual.astype(jnp.float32), m),
+        "ratio": aggregate(jax.lax.stop_gradient(ratio), m),
+        "approx_kl": aggregate(jax.lax.stop_gradient(-token_log_ratio), m),
+    }
+    return loss, metrics
+
+
+def token_surrogate(log_rho: jax.Array, log_ratio: jax.Array, adv: jax.Array, m: jax.Array, *,
+                    eps_low: float, eps_high: float, dual_clip: float | None):
+    """The elementwise core of :func:`clipped_surrogate` (any shape, validated options).
+
+    Args:
+      log_rho: the (clamped) log importance ratio the surrogate uses.
+      log_ratio: the unclamped ``logp - logp_old`` (0 where masked): a non-finite value makes the
+        loss non-finite (:func:`~hindsight.ops.carry_nonfinite`).
+      adv: advantages (0 where masked). m: bool mask.
+    Returns:
+      ``(loss, clip_low, clip_high, dual, ratio)``: ``loss`` exactly 0 where ``m`` is False, the
+      three bool indicators of :func:`clipped_surrogate`'s metrics, and ``rho``.
+    """
     ratio = jnp.exp(log_rho)
     loss = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
     clip_low = m & (adv < 0) & (ratio < 1.0 - eps_low)
@@ -112,14 +137,7 @@ def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Arra
         loss = jnp.where(adv < 0, jnp.minimum(loss, -adv * dual_clip), loss)
     # the log-ratio clip would turn an infinite log-prob into a finite loss with a NaN gradient
     loss = jnp.where(m, carry_nonfinite(loss, log_ratio), 0.0)
-    metrics = {
-        "clip_low_frac": aggregate(clip_low.astype(jnp.float32), m),
-        "clip_high_frac": aggregate(clip_high.astype(jnp.float32), m),
-        "dual_clip_frac": aggregate(dual.astype(jnp.float32), m),
-        "ratio": aggregate(jax.lax.stop_gradient(ratio), m),
-        "approx_kl": aggregate(jax.lax.stop_gradient(-token_log_ratio), m),
-    }
-    return loss, metrics
+    return loss, clip_low, clip_high, dual, ratio
 
 
 def policy_loss(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array, mask: jax.Array, *,

@@ -19,7 +19,12 @@ Two rules make that exact (the step relies on them, the invariance tests check t
 * ``weight`` depends on the configuration or the method state only (a constant, a controller's
   ``lambda``), never on the batch or the parameters, so it is the same in every micro-batch.
 
-A :class:`Loss` is ``terms`` plus ``metrics`` (``(sum, count)`` pairs, reported, not optimised).
+A :class:`Loss` is ``terms`` plus ``metrics`` (``(sum, count)`` pairs, reported, not optimised),
+and optionally its ``objective`` already formed: a loss that is told the step's term counts (the
+``counts`` keyword the train step passes to a ``loss_fn`` that accepts it) can build
+``sum_k weight_k * sum_k / count_k`` one position at a time inside the LM head
+(:func:`hindsight.ops.lm_head_sum`, whose fused backend forms the gradient in the forward pass);
+its terms' sums are then reported values, and the step differentiates ``objective``.
 """
 from __future__ import annotations
 
@@ -59,13 +64,18 @@ class Loss:
     Attributes:
       terms: ``{name: Term}``, at least one; names such as ``policy``, ``kl``, ``distill``.
       metrics: ``{name: (sum, count)}`` pairs (no gradient needed), finalized like the terms.
+      objective: None, or the float32 scalar ``sum_k weight_k * terms[k].sum / max(count_k, 1)``
+        formed by the loss itself (carrying the gradient; the terms' sums then need none), with
+        ``count_k`` the counts the loss was given (``counts=``) or, without them, each term's own.
     """
     terms: dict
     metrics: dict = dataclasses.field(default_factory=dict)
+    objective: jax.Array | None = None
 
     def value(self) -> jax.Array:
-        """The objective of this batch alone: ``sum_k weight_k * sum_k / max(count_k, 1)``."""
-        return objective(self.terms)
+        """The objective of this batch alone: ``sum_k weight_k * sum_k / max(count_k, 1)``
+        (``objective`` when the loss formed it)."""
+        return objective(self.terms) if self.objective is None else self.objective
 
 
 def term(per_token: jax.Array, mask: jax.Array, *, mode: str = "token-mean",
@@ -75,6 +85,11 @@ def term(per_token: jax.Array, mask: jax.Array, *, mode: str = "token-mean",
     check_mode(mode, norm)
     total, count = aggregate(per_token, mask, mode=mode, norm=norm)
     return Term(sum=total, count=count, weight=weight, mode=mode)
+
+
+def scale(weight, count) -> jax.Array:
+    """``weight / max(count, 1)``: a term's coefficient in the objective, float32."""
+    return jnp.asarray(weight, jnp.float32) / jnp.maximum(jnp.asarray(count, jnp.float32), 1.0)
 
 
 def objective(terms: dict, counts: dict | None = None) -> jax.Array:

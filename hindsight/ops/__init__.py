@@ -17,7 +17,7 @@ from hindsight.ops.chunked import (chunked_entropy, chunked_generalized_jsd,
                                    chunked_topk_divergence)
 from hindsight.ops.fused import DISTILLATION_LOSSES, fused_distillation_loss
 from hindsight.ops.lm_head import BACKENDS as LM_HEAD_BACKENDS, DEFAULT_BACKEND as LM_HEAD_DEFAULT
-from hindsight.ops.lm_head import lm_head_map
+from hindsight.ops.lm_head import lm_head_map, lm_head_sum
 
 __all__ = [
     "LOGP_FLOOR", "PAD_LOGIT", "TAIL_CAP", "carry_nonfinite", "entropy", "entropy_from_logprobs", "generalized_jsd",
@@ -25,5 +25,5 @@ __all__ = [
     "token_logprobs", "topk_divergence", "topk_tail_logprobs",
     "DISTILLATION_LOSSES", "chunked_entropy", "chunked_generalized_jsd", "chunked_kl",
     "chunked_token_logprobs", "chunked_topk_divergence", "default_chunk_size",
-    "fused_distillation_loss", "LM_HEAD_BACKENDS", "LM_HEAD_DEFAULT", "lm_head_map",
+    "fused_distillation_loss", "LM_HEAD_BACKENDS", "LM_HEAD_DEFAULT", "lm_head_map", "lm_head_sum",
 ]

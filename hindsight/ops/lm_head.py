@@ -24,6 +24,12 @@ the logits and their gradients are scheduled:
 * ``"dense"``: all rows at once (float32 ``[N, V]`` logits per side); the reference, and the fastest
   choice for small vocabularies.
 
+:func:`lm_head_sum` is the same head for an objective that is a *sum* of per-row losses whose
+coefficients are known before the head runs (a token-mean policy term over a known count): its
+fused backend forms the gradient in the forward pass (each block's logits once, ``jax.vjp`` of the
+row loss with a unit cotangent, the tile pass), so the backward pass only scales it, and nothing is
+recomputed: three matmuls per trained side, as dense.
+
 The block loops take every unembedding in its memory orientation: a tied model's ``embed.T`` runs
 as the ``[V, D]`` table itself (no transposed copy, and the gradient accumulates in the table's
 layout), an untied ``[D, V]`` matrix as given (see :func:`_is_transpose`).
@@ -107,6 +113,71 @@ def lm_head_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
     Returns:
       ``row_fn``'s pytree with the row axis unflattened: leaves ``[*L, ...]``.
     """
+    spec, hiddens, unembeds, extras = _prepare(row_fn, hiddens, unembeds, extras, backend=backend,
+                                               frozen=frozen, chunk_size=chunk_size,
+                                               vocab_mask=vocab_mask, temperature=temperature)
+    return {"scan": _scan, "fused": _fused_map, "dense": _dense}[backend](
+        spec, hiddens, unembeds, extras, vocab_mask)
+
+
+def lm_head_sum(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequence[jax.Array],
+                extras: Sequence[jax.Array] = (), *, backend: str = DEFAULT_BACKEND,
+                frozen: Sequence[bool] | None = None, chunk_size: int | None = None,
+                vocab_mask: jax.Array | None = None, temperature: float = 1.0):
+    """The sum over positions of a per-row loss of the logits, with its gradient formed in the
+    forward pass (fused backend): no logits are recomputed.
+
+    For objectives that are sums of per-position terms whose coefficients are known before the LM
+    head runs (a token-mean policy term over a known count, ...): the fused backend's forward scan
+    computes each block's logits once, takes ``jax.vjp`` of the row loss with a unit cotangent and
+    runs the tile pass (:func:`_tile_pass`), so the gradients w.r.t. every differentiated input
+    are ready when the forward pass ends, and the custom VJP's backward pass only scales them by
+    the scalar cotangent: three ``[N, D] x [D, V]`` matmuls per trained side, as many as dense
+    logits need, where :func:`lm_head_map`'s fused backend needs four. The price: the gradient is
+    held ([N, D] per trained side and the unembedding's float32 ``[D, V]`` accumulator) from the
+    forward pass on, and it is computed whenever the sum is differentiated, even when the
+    cotangent turns out to be zero. Not differentiated (``jax.jit`` of the value alone), the sum
+    runs the value-only scan of :func:`lm_head_map`.
+
+    Args:
+      row_fn: ``row_fn(logits, extras) -> (loss [C], aux)``, with ``logits`` and ``extras`` as in
+        :func:`lm_head_map` (rows independent); ``loss`` the per-row float32 contribution to the
+        sum (weighted by the caller, 0 at rows that do not count), ``aux`` a pytree of ``[C, ...]``
+        per-row values returned without gradient (metrics).
+      hiddens, unembeds, extras, backend, frozen, chunk_size, vocab_mask, temperature: as in
+        :func:`lm_head_map`; ``"scan"`` and ``"dense"`` sum :func:`lm_head_map`'s rows (JAX
+        differentiates them: the references of the fused rule).
+    Returns:
+      ``(total, aux)``: ``total`` the float32 scalar sum of ``loss`` over every position (with
+      gradient), ``aux`` with leaves ``[*L, ...]`` (``stop_gradient``).
+    """
+    def checked(logits, extras_c):
+        out = row_fn(logits, extras_c)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError(f"`row_fn` of lm_head_sum must return a pair (loss [C], aux), got "
+                             f"{type(out).__name__}")
+        loss, aux = out
+        if shape_of(loss) != shape_of(logits[0])[:1]:
+            raise ValueError(f"`row_fn`'s loss must have one value per row, shape "
+                             f"{shape_of(logits[0])[:1]}, got {shape_of(loss)}")
+        return jnp.asarray(loss, jnp.float32), jax.lax.stop_gradient(aux)
+
+    spec, hiddens, unembeds, extras = _prepare(checked, hiddens, unembeds, extras, backend=backend,
+                                               frozen=frozen, chunk_size=chunk_size,
+                                               vocab_mask=vocab_mask, temperature=temperature)
+    if backend == "fused":
+        total, aux = _fused_map(spec, hiddens, unembeds, extras, vocab_mask, call=_fused_sum_call)
+    else:
+        loss, aux = {"scan": _scan, "dense": _dense}[backend](spec, hiddens, unembeds, extras,
+                                                             vocab_mask)
+        total = jnp.sum(loss)
+    return total, jax.lax.stop_gradient(aux)
+
+
+def _prepare(row_fn, hiddens, unembeds, extras, *, backend, frozen, chunk_size, vocab_mask,
+             temperature):
+    """Validate :func:`lm_head_map`'s arguments; ``(spec, hiddens, unembeds, extras)`` with the
+    frozen sides behind ``stop_gradient``."""
     hiddens, unembeds, extras = tuple(hiddens), tuple(unembeds), tuple(extras)
     check_choice("backend", backend, BACKENDS)
     if len(hiddens) != len(unembeds) or not hiddens:
@@ -123,8 +194,7 @@ def lm_head_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
     sg = jax.lax.stop_gradient
     hiddens = tuple(sg(h) if f else h for h, f in zip(hiddens, frozen))
     unembeds = tuple(sg(w) if f else w for w, f in zip(unembeds, frozen))
-    return {"scan": _scan, "fused": _fused_map, "dense": _dense}[backend](
-        spec, hiddens, unembeds, extras, vocab_mask)
+    return spec, hiddens, unembeds, extras
 
 
 def _check_frozen(frozen, sides: int) -> tuple[bool, ...]:
@@ -233,7 +303,9 @@ class _Perturbed:
     consts: tuple
 
 
-def _fused_map(spec, hiddens, unembeds, extras, vocab_mask):
+def _fused_map(spec, hiddens, unembeds, extras, vocab_mask, *, call=None):
+    """Closure-convert ``row_fn``, find the distinct unembeddings, and run ``call`` (default
+    :func:`_fused_call`, :func:`lm_head_map`'s rule; :func:`_fused_sum_call` for the sum)."""
     # one accumulator per distinct unembedding array (a student and a trainable teacher sharing W)
     uniq, side_w, rows = [], [], []
     for w, r in zip(unembeds, spec.rows):
@@ -256,8 +328,8 @@ def _fused_map(spec, hiddens, unembeds, extras, vocab_mask):
     # from here on `rows` and the operands are per distinct unembedding
     spec = spec._replace(row_fn=row_fn, side_w=tuple(side_w), rows=tuple(rows))
     mask = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)
-    return _fused_call(spec, hiddens, tuple(map(_operand, uniq, rows)), extras, tuple(consts),
-                       mask)
+    return (call or _fused_call)(spec, hiddens, tuple(map(_operand, uniq, rows)), extras,
+                                 tuple(consts), mask)
 
 
 def _block_io(spec, j):
@@ -316,22 +388,50 @@ def _inexact(x) -> bool:
 
 def _fused_bwd(spec, res, ct):
     (hiddens, uniq, extras, consts, vocab_mask), p = res
-    lead, c = spec.lead, spec.chunk
-    n = math.prod(lead)
-    nones = lambda xs: tuple(None for _ in xs)
     ct_leaves = jax.tree.leaves(ct, is_leaf=_is_zero)
     used = tuple(not _is_zero(x) for x in ct_leaves)
+    if not any(used):
+        return _no_grads(hiddens, uniq, extras, consts)
+    cts = tuple(_flat(x, spec.lead) for x, u in zip(ct_leaves, used) if u)
+    (d_h, d_w, d_e, d_c, _), _ = _grad_scan(spec, (hiddens, uniq, extras, consts, vocab_mask), p,
+                                            cts, used)
+    return d_h, _cast_like(d_w, uniq), d_e, d_c, None
+
+
+def _cast_like(grads, arrays):
+    return tuple(None if g is None else g.astype(jnp.result_type(a)) for g, a in zip(grads, arrays))
+
+
+def _no_grads(hiddens, uniq, extras, consts):
+    nones = lambda xs: tuple(None for _ in xs)
+    return nones(hiddens), nones(uniq), nones(extras), nones(consts), None
+
+
+def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
+    """The fused backend's gradient scan, shared by :func:`lm_head_map`'s backward pass and
+    :func:`lm_head_sum`'s forward pass.
+
+    Per block: each side's logits, ``jax.vjp`` of ``row_fn`` with the block's rows of ``cts`` (one
+    ``[n, ...]`` per-row cotangent per output leaf marked in ``used``), then the tile pass
+    (:func:`_tile_pass`). Returns ``(grads, out)``: ``grads`` the ``(d_hiddens, d_unembeds, d_extras,
+    d_consts, None)`` of the inputs that ``p`` marks perturbed (None elsewhere); ``out`` every output
+    ``row_fn``'s output pytree with leaves ``[*L, ...]`` when ``outputs`` (the leaves not in
+    ``used`` behind ``stop_gradient``), else None. The unembeddings' gradients
+    are the float32 accumulators (the caller casts them).
+    """
+    hiddens, uniq, extras, consts, vocab_mask = args
+    lead, c = spec.lead, spec.chunk
+    n = math.prod(lead)
     p_h = p.hiddens
     p_w = p.unembeds
     p_e = tuple(f and _inexact(e) for f, e in zip(p.extras, extras))
     p_c = tuple(f and _inexact(x) for f, x in zip(p.consts, consts))
     # sides whose logits need a cotangent: a differentiated hidden state or unembedding
     need = tuple(i for i in range(len(hiddens)) if p_h[i] or p_w[spec.side_w[i]])
-    if not any(used) or not (need or any(p_e) or any(p_c)):
-        return nones(hiddens), nones(uniq), nones(extras), nones(consts), None
+    if not outputs and not (need or any(p_e) or any(p_c)):
+        return _no_grads(hiddens, uniq, extras, consts), None
 
     hs, es = tuple(_flat(h, lead) for h in hiddens), tuple(_flat(e, lead) for e in extras)
-    cts = tuple(_flat(x, lead) for x, u in zip(ct_leaves, used) if u)
     ws = tuple(uniq[k] for k in spec.side_w)
     orient = tuple(spec.rows[k] for k in spec.side_w)
     e_idx = tuple(k for k, f in enumerate(p_e) if f)
@@ -339,7 +439,7 @@ def _fused_bwd(spec, res, ct):
     f32 = jnp.float32
 
     def body(carry, j):
-        g_h, g_w, g_e, g_c = carry
+        (g_h, g_w, g_e, g_c), out = carry
         start, fresh, rows = _block_io(spec, j)
         h_c, e_c = tuple(map(rows, hs)), tuple(map(rows, es))
         ct_c = tuple(jnp.where(jnp.reshape(fresh, (-1,) + (1,) * (x.ndim - 1)), rows(x), 0)
@@ -358,10 +458,15 @@ def _fused_bwd(spec, res, ct):
                 cc[k] = v
             logits = tuple(temper_and_mask(x, vocab_mask, spec.temperature) for x in zz)
             leaves = jax.tree.leaves(spec.row_fn(logits, tuple(ee), *cc))
-            return tuple(y for y, u in zip(leaves, used) if u)
+            return (tuple(y for y, u in zip(leaves, used) if u),
+                    tuple(y for y, u in zip(leaves, used) if not u))
 
-        _, vjp = jax.vjp(rows_out, tuple(z[i] for i in need), tuple(e_c[k] for k in e_idx),
-                         tuple(consts[k] for k in c_idx))
+        ys, vjp, rest = jax.vjp(rows_out, tuple(z[i] for i in need), tuple(e_c[k] for k in e_idx),
+                                tuple(consts[k] for k in c_idx), has_aux=True)
+        if outputs:
+            ys, rest = iter(ys), iter(rest)
+            out = tuple(put_rows(o, start, fresh, next(ys) if u else jax.lax.stop_gradient(next(rest)))
+                        for o, u in zip(out, used))
         dz, de, dc = vjp(ct_c)
         dz = tuple(jnp.where(live[:, None], d, 0.0) for d in dz)
         g_h, g_w = list(g_h), list(g_w)
@@ -377,21 +482,30 @@ def _fused_bwd(spec, res, ct):
         g_e = tuple(put_rows(g, start, fresh, jnp.where(keep(d), d, 0).astype(g.dtype))
                     for g, d in zip(g_e, de))
         g_c = tuple(g + d.astype(f32) for g, d in zip(g_c, dc))
-        return (tuple(g_h), tuple(g_w), g_e, g_c), None
+        return ((tuple(g_h), tuple(g_w), g_e, g_c), out), None
 
-    init = (tuple(jnp.zeros(shape_of(h), h.dtype) if f else None for h, f in zip(hs, p_h)),
-            tuple(jnp.zeros(shape_of(w), f32) if f else None for w, f in zip(uniq, p_w)),
-            tuple(jnp.zeros(shape_of(es[k]), es[k].dtype) for k in e_idx),
-            tuple(jnp.zeros(shape_of(consts[k]), f32) for k in c_idx))
-    (g_h, g_w, g_e, g_c), _ = jax.lax.scan(body, init, jnp.arange(-(-n // c)))
+    grads0 = (tuple(jnp.zeros(shape_of(h), h.dtype) if f else None for h, f in zip(hs, p_h)),
+              tuple(jnp.zeros(shape_of(w), f32) if f else None for w, f in zip(uniq, p_w)),
+              tuple(jnp.zeros(shape_of(es[k]), es[k].dtype) for k in e_idx),
+              tuple(jnp.zeros(shape_of(consts[k]), f32) for k in c_idx))
+    out0 = None
+    if outputs:
+        block = (tuple(h[:c] for h in hs), tuple(e[:c] for e in es))
+        shapes = jax.eval_shape(
+            lambda h_c, e_c: spec.row_fn(_logits(spec, h_c, ws, orient, vocab_mask), e_c, *consts),
+            *block)
+        leaves, tree = jax.tree.flatten(shapes)
+        out0 = tuple(jnp.zeros((n,) + s.shape[1:], s.dtype) for s in leaves)
+    ((g_h, g_w, g_e, g_c), out), _ = jax.lax.scan(body, (grads0, out0), jnp.arange(-(-n // c)))
     d_h = tuple(None if g is None else _unflat(g, lead) for g in g_h)
-    d_w = tuple(None if g is None else g.astype(w.dtype) for g, w in zip(g_w, uniq))
     d_e, d_c = [None] * len(extras), [None] * len(consts)
     for k, g in zip(e_idx, g_e):
         d_e[k] = _unflat(g, lead)
     for k, g in zip(c_idx, g_c):
         d_c[k] = g.astype(jnp.result_type(consts[k]))
-    return d_h, d_w, tuple(d_e), tuple(d_c), None
+    if outputs:
+        out = jax.tree.unflatten(tree, [_unflat(o, lead) for o in out])
+    return (d_h, tuple(g_w), tuple(d_e), tuple(d_c), None), out
 
 
 def _tile_pass(dz, w, rows: bool, h, acc, *, want_h: bool):
@@ -427,3 +541,36 @@ def _tile_pass(dz, w, rows: bool, h, acc, *, want_h: bool):
 
 
 _fused_call.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
+
+
+# ---- fused sum: the gradient formed in the forward pass ------------------------------------------
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused_sum_call(spec, hiddens, uniq, extras, consts, vocab_mask):
+    loss, aux = _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask)
+    return jnp.sum(loss), aux
+
+
+def _fused_sum_fwd(spec, hiddens, uniq, extras, consts, vocab_mask):
+    value = lambda t: jax.tree.map(lambda p: p.value, t)
+    pert = lambda t: tuple(p.perturbed for p in t)
+    flags = _Perturbed(pert(hiddens), pert(uniq), pert(extras), pert(consts))
+    args = tuple(map(value, (hiddens, uniq, extras, consts, vocab_mask)))
+    n_out = len(jax.tree.leaves(jax.eval_shape(
+        lambda *a: _fused_forward(spec, *a), *args)))
+    used = (True,) + (False,) * (n_out - 1)   # the loss (first leaf) gets a unit cotangent
+    ones = (jnp.ones((math.prod(spec.lead),), jnp.float32),)
+    grads, (loss, aux) = _grad_scan(spec, args, flags, ones, used, outputs=True)
+    return (jnp.sum(loss), aux), (grads, args[1])
+
+
+def _fused_sum_bwd(spec, res, ct):
+    (d_h, d_w, d_e, d_c, _), uniq = res
+    g = ct[0]  # aux carries no gradient
+    if _is_zero(g):
+        return _no_grads(d_h, d_w, d_e, d_c)
+    scale = lambda xs: tuple(None if x is None else (g * x).astype(x.dtype) for x in xs)
+    return scale(d_h), _cast_like(scale(d_w), uniq), scale(d_e), scale(d_c), None
+
+
+_fused_sum_call.defvjp(_fused_sum_fwd, _fused_sum_bwd, symbolic_zeros=True)

@@ -116,6 +116,19 @@ def vocab_mask(tokenizer, vocab_size: int):
     return None if size == vocab_size else jnp.arange(vocab_size) < size
 
 
+def rollout_step(xp: Experiment, model, tokenizer, task, sampling: SamplingParams, *, step: int):
+    """``(batch, stats)`` of the rollout of training step ``step`` (0-based): the step's prompts
+    (:func:`train_examples`), sampled, verified and assembled by
+    :func:`hindsight.rollout.collect` with the run's key ``fold_in(key(seed), step)``."""
+    exp = xp.config
+    examples = train_examples(task, seed=exp.seed, step=step, count=exp.rollout.prompts_per_step)
+    if xp.method.rollout != "dynamic":
+        examples = list(itertools.islice(examples, exp.rollout.prompts_per_step))
+    return collect(xp.method, model, tokenizer, task, examples,
+                   key=jax.random.fold_in(jax.random.key(exp.seed), step), sampling=sampling,
+                   rollout=rollout_config(xp), num_groups=exp.rollout.prompts_per_step)
+
+
 def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
     """Mean reward of one sample per held-out example (``eval.*``)."""
     e = exp.eval
@@ -283,7 +296,6 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         state, _ = ckpt.restore(abstract, shardings)
     per_step = t.updates_per_rollout
     start = int(state.step) // per_step
-    rollout = rollout_config(xp)
     root_key = jax.random.key(exp.seed)
     if start >= t.num_steps:  # finished: report it, write nothing
         ckpt.close()
@@ -321,13 +333,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
             if stop.stop:
                 break
             t0 = time.perf_counter()
-            examples = train_examples(task, seed=exp.seed, step=step,
-                                      count=exp.rollout.prompts_per_step)
-            if method.rollout != "dynamic":
-                examples = list(itertools.islice(examples, exp.rollout.prompts_per_step))
-            batch, stats = collect(method, policy(), tokenizer, task, examples,
-                                   key=jax.random.fold_in(root_key, step), sampling=sampling,
-                                   rollout=rollout, num_groups=exp.rollout.prompts_per_step)
+            batch, stats = rollout_step(xp, policy(), tokenizer, task, sampling, step=step)
             if stop.stop:
                 break  # the rollout is discarded; the state is still that of `step`
             t1 = time.perf_counter()

@@ -27,7 +27,12 @@ Keyword arguments the step passes to ``loss_fn`` when its signature accepts them
 ``head`` (the :class:`~hindsight.methods.LMHead`), ``rng`` (a key array ``[rows]``, one key per
 row of the micro-batch, derived from the state's RNG and the row's index in the step's batch, so
 per-row random choices are the same however the batch is split), ``reference`` (the merged
-frozen/EMA reference model, when the state keeps one) and ``method_state``.
+frozen/EMA reference model, when the state keeps one), ``method_state`` and ``counts`` (each term's
+count over the whole optimizer step, from pass 1, when there is more than one micro-batch): a
+loss given ``counts`` may return its :class:`~hindsight.objectives.Loss` with ``objective`` formed
+(``sum_k weight_k * sum_k / counts_k`` with the gradient, e.g. position by position inside the LM
+head, :func:`hindsight.methods.policy_gradient.surrogate_loss`), which the step then
+differentiates instead of recombining the terms.
 """
 from __future__ import annotations
 
@@ -209,9 +214,11 @@ class TrainStep:
     def _wants(self, name: str) -> bool:
         return self._accepts is None or name in self._accepts
 
-    def _loss(self, params, batch, rng, state: TrainState, rest):
+    def _loss(self, params, batch, rng, state: TrainState, rest, counts=None):
         md = ModelDef(self._model_def.graphdef, rest)
         kwargs = dict(self._loss_kwargs)
+        if counts is not None and self._wants("counts"):
+            kwargs["counts"] = counts
         if self._head is not None and self._wants("head"):
             kwargs["head"] = self._head
         if self._wants("rng"):
@@ -251,8 +258,9 @@ class TrainStep:
                                      (micro, keys))
 
         def micro_objective(params, mb, k):
-            loss = self._loss(params, mb, k, state, rest)
-            value = objective(loss.terms, counts)
+            loss = self._loss(params, mb, k, state, rest, counts)
+            # a loss told the counts may form its objective itself (inside the LM head)
+            value = objective(loss.terms, counts) if loss.objective is None else loss.objective
             sums = {name: jnp.asarray(t.sum, jnp.float32) for name, t in loss.terms.items()}
             own = {name: jnp.asarray(t.count, jnp.float32) for name, t in loss.terms.items()}
             weights = {name: jnp.asarray(t.weight, jnp.float32) for name, t in loss.terms.items()}
