@@ -197,7 +197,7 @@ def opsd_closed_form(model, batch, reference, config, chunk_size):
     student, teacher = context_hidden(model, batch), context_hidden(reference, batch, "teacher",
                                                                     frozen=True)
     total, count = fused_distillation_loss(
-        student.hidden, teacher.hidden, student.unembed, batch["mask"], loss="jsd",
+        student.rows(), teacher.rows(), student.unembed, batch["mask"], loss="jsd",
         beta=config.beta, teacher_unembed=teacher.unembed, temperature=config.temperature,
         chunk_size=chunk_size)
     return total / jnp.maximum(count, 1.0), {}

@@ -25,12 +25,19 @@ from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT, lm_head_map, lm_hea
 
 
 class Side(NamedTuple):
-    """One model on one context, at the response positions: ``hidden [B, T, D]``,
+    """One model on one context: its output ``hidden [B, S, D]``, the positions ``index [B, T]``
+    whose states predict the response (``hidden[b, index[b, t]]`` predicts ``targets[b, t]``) and
     ``unembed [D, V]``; ``frozen`` sides (teachers, references) get no gradient, and the LM head
-    spends no backward work on them."""
+    spends no backward work on them. The LM head reads the rows from ``hidden`` itself
+    (:func:`hindsight.ops.lm_head_map`'s ``index``), so no gathered ``[B, T, D]`` copy is made."""
     hidden: jax.Array
+    index: jax.Array
     unembed: jax.Array
     frozen: bool = False
+
+    def rows(self) -> jax.Array:
+        """The states at the response positions, ``[B, T, D]`` (a gathered copy)."""
+        return jnp.take_along_axis(self.hidden, self.index[..., None], axis=1)
 
 
 @jax.tree_util.register_dataclass
@@ -73,18 +80,17 @@ def context_hidden(model, batch: Mapping, context: str | None = None, *,
       frozen: wrap both outputs in ``stop_gradient`` (teachers, references): no gradient flows and
         the pass is never differentiated.
     Returns:
-      :class:`Side` ``(hidden [B, T, D], unembed [D, V], frozen)``, ``hidden[b, t]`` being the
-      state at ``{context}_target_index[b, t]``.
+      :class:`Side` ``(hidden [B, S, D], index [B, T], unembed [D, V], frozen)``, ``index`` being
+      ``{context}_target_index``.
     """
     key = lambda k: context_key(context, k)
     hidden, _ = model(batch[key("tokens")], batch[key("positions")],
                       attention_mask=batch[key("attention_mask")], return_hidden=True)
     index = jnp.asarray(batch[key("target_index")]).astype(jnp.int32)
-    hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
     unembed = model.unembedding()
     if frozen:
-        return Side(jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(unembed), True)
-    return Side(hidden, unembed, False)
+        return Side(jax.lax.stop_gradient(hidden), index, jax.lax.stop_gradient(unembed), True)
+    return Side(hidden, index, unembed, False)
 
 
 def gather(logp: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -103,25 +109,22 @@ def vocab_rows(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, 
         independent. Outputs that are metrics should be ``stop_gradient``'ed inside ``row_fn``.
       sides: ``{name: Side}``, e.g. from :func:`context_hidden`.
       targets: ``[B, T]`` int.
-      mask: ``[B, T]`` loss mask (bool or 0/1 float). The hidden states of masked positions are
-        replaced by zeros before the projection, so whatever padding holds (NaN included) reaches
-        neither a value nor a gradient; their outputs are those of uniform logits.
+      mask: ``[B, T]`` loss mask (bool or 0/1 float). Masked positions see zero hidden states
+        (the head's ``row_mask``), so whatever padding holds (NaN included) reaches neither a value
+        nor a gradient; their outputs are those of uniform logits.
       head: the :class:`LMHead` (default: ``LMHead()``, the fused backend).
       temperature: divides every side's logits.
     Returns:
       ``row_fn``'s dict with each leaf ``[B, T]``.
     """
-    head = LMHead() if head is None else head
-    names, hiddens = _masked_sides(sides, mask)
+    names = tuple(sides)
 
     def row(logits, extras):
         logp = {n: jax.nn.log_softmax(z) for n, z in zip(names, logits)}
         return row_fn(logp, extras[0])
 
-    return lm_head_map(row, hiddens, [sides[n].unembed for n in names],
-                       (targets,), backend=head.backend, chunk_size=head.chunk_size,
-                       vocab_mask=head.vocab_mask, temperature=temperature,
-                       frozen=tuple(bool(sides[n].frozen) for n in names))
+    return lm_head_map(row, *_head_args(sides, names), (targets,),
+                       **_head_kwargs(sides, names, mask, head, temperature))
 
 
 def vocab_sum(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, mask: jax.Array,
@@ -141,27 +144,28 @@ def vocab_sum(row_fn: Callable, sides: Mapping[str, Side], targets: jax.Array, m
     Returns:
       ``(total, aux)``: the float32 scalar sum (with gradient) and ``aux`` with leaves ``[B, T]``.
     """
-    head = LMHead() if head is None else head
-    names, hiddens = _masked_sides(sides, mask)
-    keys = tuple(extras or {})
+    names, keys = tuple(sides), tuple(extras or {})
 
     def row(logits, ex):
         logp = {n: jax.nn.log_softmax(z) for n, z in zip(names, logits)}
         return row_fn(logp, ex[0], dict(zip(keys, ex[1:])))
 
-    return lm_head_sum(row, hiddens, [sides[n].unembed for n in names],
-                       (targets,) + tuple(extras[k] for k in keys), backend=head.backend,
-                       chunk_size=head.chunk_size, vocab_mask=head.vocab_mask,
-                       temperature=temperature, frozen=tuple(bool(sides[n].frozen) for n in names))
+    return lm_head_sum(row, *_head_args(sides, names), (targets,) + tuple(extras[k] for k in keys),
+                       **_head_kwargs(sides, names, mask, head, temperature))
 
 
-def _masked_sides(sides: Mapping[str, Side], mask) -> tuple[tuple[str, ...], list]:
-    """Side names and their hidden states with masked positions replaced by zeros."""
-    names = tuple(sides)
-    live = (jnp.asarray(mask) > 0)[..., None]
-    # a select, not a product: 0 * NaN would still be NaN (and so would the unembedding's gradient)
-    return names, [jnp.where(live, sides[n].hidden, jnp.zeros((), sides[n].hidden.dtype))
-                   for n in names]
+def _head_args(sides: Mapping[str, Side], names) -> tuple[list, list]:
+    return [sides[n].hidden for n in names], [sides[n].unembed for n in names]
+
+
+def _head_kwargs(sides: Mapping[str, Side], names, mask, head: LMHead | None,
+                 temperature: float) -> dict:
+    """The LM head's keywords for ``sides``: their positions, the loss mask as the row mask (masked
+    positions see zero hidden states) and ``head``'s backend, block size and vocabulary mask."""
+    head = LMHead() if head is None else head
+    return dict(index=[sides[n].index for n in names], row_mask=jnp.asarray(mask) > 0,
+                backend=head.backend, chunk_size=head.chunk_size, vocab_mask=head.vocab_mask,
+                temperature=temperature, frozen=tuple(bool(sides[n].frozen) for n in names))
 
 
 def distill_term(rows: dict, mask, *, loss: str, weight=1.0):

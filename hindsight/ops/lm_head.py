@@ -34,8 +34,20 @@ The block loops take every unembedding in its memory orientation: a tied model's
 as the ``[V, D]`` table itself (no transposed copy, and the gradient accumulates in the table's
 layout), an untied ``[D, V]`` matrix as given (see :func:`_is_transpose`).
 
-Every backend runs the same projection (:func:`hindsight.ops._chunking.project`), so the logits
-each one hands to ``row_fn`` are the same numbers.
+:func:`lm_head_sum`'s fused forward scan projects a block one :data:`PROJECTION_TILE` slab of the
+unembedding at a time, into the block's logits in place (:func:`_project_tiled`): one whole
+``[C, D] x [D, V]`` product makes the CPU matmul hold a scratch result about the size of the
+block's logits besides them (measured at C = 64, V = 151,936: 36 MiB of resident memory, the
+difference between 7.7x and 9.8x less working memory than dense for GRPO's policy term), which
+the slabs do not. The other scans keep the one product: in :func:`lm_head_map`'s backward pass
+the slabs cost OPSD 13% of its time (measured 21.4 vs 19.3 s). The logits are the same numbers
+either way up to the matmul's float32 rounding.
+
+Rows can be read from a decoder's whole output (``index``): a side ``[B, S, D]`` with positions
+``[B, T]``. The fused blocks gather their rows from it and add their gradient into a ``[B, S, D]``
+gradient, so there is neither a gathered ``[B, T, D]`` copy nor a scatter of its gradient into
+``[B, S, D]`` (two ``[N, D]`` float32 buffers that grow with the tokens); ``row_mask`` zeroes the
+hidden states of masked rows inside the blocks.
 """
 from __future__ import annotations
 
@@ -58,10 +70,11 @@ from hindsight.ops._chunking import (check_extra, check_projection, check_temper
 BACKENDS = ("scan", "fused", "dense")
 
 DEFAULT_BACKEND = "fused"
-"""The training default (``train.lm_head``): at V = 151,936 and 1,024 tokens it needs 9.6x less
-working memory than dense logits for GRPO's policy term and stays flat to 8,192 tokens, where
-``scan`` saves about 2x (``experiments.bench.logits_memory``, README); it recomputes the logits
-in the backward pass, so it runs about 1.4x dense's time when the LM-head matmuls dominate."""
+"""The training default (``train.lm_head``): at V = 151,936 and 1,024 tokens it needs about 9.5x
+less working memory than dense logits for GRPO's and PCSD's losses (13x for OPSD's), growing 1.4x
+from 1,024 to 8,192 tokens, where ``scan`` saves about 2x (``experiments.bench.logits_memory``,
+README); :func:`lm_head_map` recomputes the logits in the backward pass, :func:`lm_head_sum` does
+not."""
 
 VOCAB_TILE = 2048
 """Vocabulary rows of the unembedding per step of the fused backward pass's tile loop. Each step
@@ -70,6 +83,11 @@ of the block's logit cotangents, adds their product to the block's hidden-state 
 ``dlogits_t^T @ h`` to the slab's rows of the float32 gradient accumulator, in place. One whole-row
 ``[C, V] @ [V, D]`` product (contracting over ``V``) and one ``[D, C] @ [C, V]`` update run at
 about half the matmul rate on CPU; 2,048-row slabs run near it."""
+
+
+PROJECTION_TILE = 2048
+"""Vocabulary columns per product of :func:`lm_head_sum`'s tiled projection
+(:func:`_project_tiled`)."""
 
 
 class _Spec(NamedTuple):
@@ -82,7 +100,8 @@ class _Spec(NamedTuple):
 
 
 def lm_head_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequence[jax.Array],
-                extras: Sequence[jax.Array] = (), *, backend: str = DEFAULT_BACKEND,
+                extras: Sequence[jax.Array] = (), *, index: Sequence | None = None,
+                row_mask: jax.Array | None = None, backend: str = DEFAULT_BACKEND,
                 frozen: Sequence[bool] | None = None, chunk_size: int | None = None,
                 vocab_mask: jax.Array | None = None, temperature: float = 1.0):
     """Apply ``row_fn`` to the logits of every position, with the LM head scheduled by ``backend``.
@@ -95,11 +114,22 @@ def lm_head_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
         the ``C`` axis; what the caller does with the outputs is unrestricted). ``C`` is the block
         size (``"dense"``: all positions). It may close over arrays, traced ones included; the fused
         backend differentiates those too.
-      hiddens: sequence of ``[..., D_i]`` arrays sharing one leading shape ``L`` (e.g. ``[B, T]``).
+      hiddens: sequence of ``[..., D_i]`` arrays sharing one leading shape ``L`` (e.g. ``[B, T]``);
+        a side with an ``index`` is ``[*L[:-1], S_i, D_i]`` instead (e.g. a decoder's whole output
+        ``[B, S, D]``).
       unembeds: sequence of ``[D_i, V]`` arrays, one per hidden tensor, all with the same ``V``.
         Passing the same array for several sides shares one gradient accumulator (fused).
       extras: sequence of per-position arrays ``[*L, ...]`` (token ids, float targets, ...); float
         extras get gradients, integer ones none.
+      index: None, or one entry per side: None (the side's hidden states are at the positions,
+        ``[*L, D_i]``) or an int array ``[*L]`` of positions along the side's ``S_i`` axis, the row
+        at ``(..., t)`` being ``hiddens[i][..., index[i][..., t], :]`` (the states that predict a
+        response, read from the decoder's output). The fused backend reads each block's rows from
+        the output itself and adds their gradient into a gradient shaped like it: no gathered
+        ``[*L, D]`` copy and no scatter of its gradient. Repeated positions add their gradients.
+      row_mask: optional ``[*L]`` bool (or 0/1): rows where it is False see zero hidden states on
+        every side, so whatever the hidden states hold there (NaN included) reaches neither a value
+        nor a gradient.
       backend: one of :data:`BACKENDS`: ``"scan"``, ``"fused"`` or ``"dense"`` (see the module
         docstring).
       frozen: static bools, one per side (hidden, unembedding): a frozen side (teacher, reference
@@ -113,15 +143,17 @@ def lm_head_map(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
     Returns:
       ``row_fn``'s pytree with the row axis unflattened: leaves ``[*L, ...]``.
     """
-    spec, hiddens, unembeds, extras = _prepare(row_fn, hiddens, unembeds, extras, backend=backend,
-                                               frozen=frozen, chunk_size=chunk_size,
-                                               vocab_mask=vocab_mask, temperature=temperature)
-    return {"scan": _scan, "fused": _fused_map, "dense": _dense}[backend](
-        spec, hiddens, unembeds, extras, vocab_mask)
+    spec, hiddens, unembeds, extras, sel = _prepare(
+        row_fn, hiddens, unembeds, extras, index=index, row_mask=row_mask, backend=backend,
+        frozen=frozen, chunk_size=chunk_size, vocab_mask=vocab_mask, temperature=temperature)
+    if backend == "fused":
+        return _fused_map(spec, hiddens, unembeds, extras, sel, vocab_mask)
+    return {"scan": _scan, "dense": _dense}[backend](spec, hiddens, unembeds, extras, vocab_mask)
 
 
 def lm_head_sum(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequence[jax.Array],
-                extras: Sequence[jax.Array] = (), *, backend: str = DEFAULT_BACKEND,
+                extras: Sequence[jax.Array] = (), *, index: Sequence | None = None,
+                row_mask: jax.Array | None = None, backend: str = DEFAULT_BACKEND,
                 frozen: Sequence[bool] | None = None, chunk_size: int | None = None,
                 vocab_mask: jax.Array | None = None, temperature: float = 1.0):
     """The sum over positions of a per-row loss of the logits, with its gradient formed in the
@@ -144,7 +176,8 @@ def lm_head_sum(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
         :func:`lm_head_map` (rows independent); ``loss`` the per-row float32 contribution to the
         sum (weighted by the caller, 0 at rows that do not count), ``aux`` a pytree of ``[C, ...]``
         per-row values returned without gradient (metrics).
-      hiddens, unembeds, extras, backend, frozen, chunk_size, vocab_mask, temperature: as in
+      hiddens, unembeds, extras, index, row_mask, backend, frozen, chunk_size, vocab_mask,
+      temperature: as in
         :func:`lm_head_map`; ``"scan"`` and ``"dense"`` sum :func:`lm_head_map`'s rows (JAX
         differentiates them: the references of the fused rule).
     Returns:
@@ -162,11 +195,12 @@ def lm_head_sum(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
                              f"{shape_of(logits[0])[:1]}, got {shape_of(loss)}")
         return jnp.asarray(loss, jnp.float32), jax.lax.stop_gradient(aux)
 
-    spec, hiddens, unembeds, extras = _prepare(checked, hiddens, unembeds, extras, backend=backend,
-                                               frozen=frozen, chunk_size=chunk_size,
-                                               vocab_mask=vocab_mask, temperature=temperature)
+    spec, hiddens, unembeds, extras, sel = _prepare(
+        checked, hiddens, unembeds, extras, index=index, row_mask=row_mask, backend=backend,
+        frozen=frozen, chunk_size=chunk_size, vocab_mask=vocab_mask, temperature=temperature)
     if backend == "fused":
-        total, aux = _fused_map(spec, hiddens, unembeds, extras, vocab_mask, call=_fused_sum_call)
+        total, aux = _fused_map(spec, hiddens, unembeds, extras, sel, vocab_mask,
+                                call=_fused_sum_call)
     else:
         loss, aux = {"scan": _scan, "dense": _dense}[backend](spec, hiddens, unembeds, extras,
                                                              vocab_mask)
@@ -174,27 +208,91 @@ def lm_head_sum(row_fn: Callable, hiddens: Sequence[jax.Array], unembeds: Sequen
     return total, jax.lax.stop_gradient(aux)
 
 
-def _prepare(row_fn, hiddens, unembeds, extras, *, backend, frozen, chunk_size, vocab_mask,
-             temperature):
-    """Validate :func:`lm_head_map`'s arguments; ``(spec, hiddens, unembeds, extras)`` with the
-    frozen sides behind ``stop_gradient``."""
+def _prepare(row_fn, hiddens, unembeds, extras, *, index, row_mask, backend, frozen, chunk_size,
+             vocab_mask, temperature):
+    """Validate :func:`lm_head_map`'s arguments; ``(spec, hiddens, unembeds, extras, sel)`` with
+    the frozen sides behind ``stop_gradient``. ``"scan"`` and ``"dense"`` get the rows gathered
+    and masked here (JAX differentiates that); ``"fused"`` gets the hidden states as given and
+    ``sel = (flat, mask)``, which its blocks apply row by row (:func:`_block_hidden`)."""
     hiddens, unembeds, extras = tuple(hiddens), tuple(unembeds), tuple(extras)
     check_choice("backend", backend, BACKENDS)
     if len(hiddens) != len(unembeds) or not hiddens:
         raise ValueError(f"`hiddens` and `unembeds` must be non-empty and of equal length, got "
                          f"{len(hiddens)} and {len(unembeds)}")
+    index = _check_index(index, hiddens)
+    # shapes as the rows will be: an indexed side [*L[:-1], S, D] stands for [*L, D]
+    at_rows = [h if i is None else jax.ShapeDtypeStruct(shape_of(i) + shape_of(h)[-1:],
+                                                        jnp.result_type(h))
+               for h, i in zip(hiddens, index)]
     lead, vocab = check_projection([(f"hiddens[{i}]", h, f"unembeds[{i}]", w)
-                                    for i, (h, w) in enumerate(zip(hiddens, unembeds))])
+                                    for i, (h, w) in enumerate(zip(at_rows, unembeds))])
     check_vocab_mask(vocab_mask, vocab)
     for i, e in enumerate(extras):
         check_extra(f"extras[{i}]", e, lead)
+    if row_mask is not None:
+        if shape_of(row_mask) != tuple(lead):
+            raise ValueError(f"`row_mask` must have the rows' shape {tuple(lead)}, got "
+                             f"{shape_of(row_mask)}")
+        row_mask = jnp.asarray(row_mask) > 0 if _inexact(row_mask) else jnp.asarray(row_mask, bool)
     frozen = _check_frozen(frozen, len(hiddens))
     spec = _Spec(row_fn, lead, chunk_rows(lead, vocab, chunk_size), check_temperature(temperature),
                  rows=tuple(map(_is_transpose, unembeds)))
     sg = jax.lax.stop_gradient
     hiddens = tuple(sg(h) if f else h for h, f in zip(hiddens, frozen))
     unembeds = tuple(sg(w) if f else w for w, f in zip(unembeds, frozen))
-    return spec, hiddens, unembeds, extras
+    if backend != "fused":
+        hiddens = tuple(_select_rows(h, i, row_mask) for h, i in zip(hiddens, index))
+        return spec, hiddens, unembeds, extras, None
+    n = math.prod(lead)
+    flat = tuple(None if i is None else _flat_index(i, shape_of(h)[-2]) for h, i in zip(hiddens, index))
+    # sel: per side None (the hidden states are the rows) or the [N] rows of its [M, D] view,
+    # and the [N] bool row mask (or None)
+    return spec, hiddens, unembeds, extras, (flat, None if row_mask is None
+                                              else jnp.reshape(row_mask, (n,)))
+
+
+def _check_index(index, hiddens) -> tuple:
+    if index is None:
+        return (None,) * len(hiddens)
+    index = tuple(index)
+    if len(index) != len(hiddens):
+        raise ValueError(f"`index` must have one entry (None or an int array) per side, "
+                         f"{len(hiddens)}, got {len(index)}")
+    for k, (i, h) in enumerate(zip(index, hiddens)):
+        if i is None:
+            continue
+        if not jnp.issubdtype(jnp.result_type(i), jnp.integer):
+            raise ValueError(f"`index[{k}]` must be an int array, got dtype {jnp.result_type(i)}")
+        si, sh = shape_of(i), shape_of(h)
+        if len(sh) != len(si) + 1 or sh[:-2] != si[:-1]:
+            raise ValueError(f"`index[{k}]` of shape {si} needs `hiddens[{k}]` of shape "
+                             f"{si[:-1] + ('S', 'D')}, got {sh}")
+        if not isinstance(i, jax.core.Tracer):
+            v = np.asarray(i)
+            if v.size and (v.min() < 0 or v.max() >= sh[-2]):
+                raise ValueError(f"`index[{k}]` must lie in [0, {sh[-2]}) (the positions of "
+                                 f"`hiddens[{k}]`), got values in [{v.min()}, {v.max()}]")
+    return index
+
+
+def _select_rows(h, index, row_mask):
+    """The rows the head projects, gathered and masked (the reference backends)."""
+    if index is not None:
+        h = jnp.take_along_axis(h, jnp.asarray(index, jnp.int32)[..., None], axis=-2)
+    if row_mask is not None:
+        # a select, not a product: 0 * NaN would still be NaN (and so would the gradients)
+        h = jnp.where(row_mask[..., None], h, jnp.zeros((), h.dtype))
+    return h
+
+
+def _flat_index(index, positions: int):
+    """``[*L]`` positions along a ``[*L[:-1], S, D]`` array -> ``[N]`` rows of its ``[M, D]`` view."""
+    index = jnp.asarray(index, jnp.int32)
+    lead = shape_of(index)
+    base = jnp.reshape(jnp.arange(math.prod(lead[:-1]), dtype=jnp.int32) * positions,
+                       lead[:-1] + (1,))
+    return jnp.reshape(index + base, (-1,))
+
 
 
 def _check_frozen(frozen, sides: int) -> tuple[bool, ...]:
@@ -251,6 +349,22 @@ def _project_raw(h, u, rows: bool):
                                preferred_element_type=jnp.float32)
 
 
+def _project_tiled(h, u, rows: bool):
+    """:func:`_project_raw` one :data:`PROJECTION_TILE` slab of the unembedding at a time, each
+    slab's product written into the ``[C, V]`` result in place."""
+    axis = 0 if rows else 1
+    vocab = shape_of(u)[axis]
+    tile = min(PROJECTION_TILE, vocab)
+
+    def step(j, z):
+        start, _ = shifted_block(j, tile, vocab)   # the last slab rewrites its overlap: same values
+        u_t = jax.lax.dynamic_slice_in_dim(u, start, tile, axis=axis)
+        return jax.lax.dynamic_update_slice_in_dim(z, _project_raw(h, u_t, rows), start, axis=1)
+
+    z = jnp.zeros((shape_of(h)[0], vocab), jnp.float32)
+    return jax.lax.fori_loop(0, -(-vocab // tile), step, z)
+
+
 def _logits(spec, h_c, operands, rows, vocab_mask):
     """Each side's float32 logits from its loop operand (:func:`_operand`)."""
     return tuple((project_rows if r else project)(h, u, vocab_mask, spec.temperature)
@@ -303,7 +417,7 @@ class _Perturbed:
     consts: tuple
 
 
-def _fused_map(spec, hiddens, unembeds, extras, vocab_mask, *, call=None):
+def _fused_map(spec, hiddens, unembeds, extras, sel, vocab_mask, *, call=None):
     """Closure-convert ``row_fn``, find the distinct unembeddings, and run ``call`` (default
     :func:`_fused_call`, :func:`lm_head_map`'s rule; :func:`_fused_sum_call` for the sum)."""
     # one accumulator per distinct unembedding array (a student and a trainable teacher sharing W)
@@ -329,7 +443,7 @@ def _fused_map(spec, hiddens, unembeds, extras, vocab_mask, *, call=None):
     spec = spec._replace(row_fn=row_fn, side_w=tuple(side_w), rows=tuple(rows))
     mask = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)
     return (call or _fused_call)(spec, hiddens, tuple(map(_operand, uniq, rows)), extras,
-                                 tuple(consts), mask)
+                                 tuple(consts), sel, mask)
 
 
 def _block_io(spec, j):
@@ -339,11 +453,32 @@ def _block_io(spec, j):
     return start, fresh, lambda x: jax.lax.dynamic_slice_in_dim(x, start, spec.chunk, axis=0)
 
 
-def _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask):
+def _sources(spec, hiddens, sel):
+    """Each side's hidden states as the ``[rows, D]`` array its blocks read."""
+    return tuple(_flat(h, spec.lead) if f is None else jnp.reshape(h, (-1, shape_of(h)[-1]))
+                 for h, f in zip(hiddens, sel[0]))
+
+
+def _block_hidden(hs, sel, rows):
+    """Block rows of every side: a slice of the rows, or a gather of the positions of an indexed
+    side, with masked rows at zero."""
+    flat, mask = sel
+    out = tuple(rows(h) if f is None else jnp.take(h, rows(f), axis=0) for h, f in zip(hs, flat))
+    if mask is None:
+        return out
+    m = rows(mask)[:, None]
+    return tuple(jnp.where(m, h, jnp.zeros((), h.dtype)) for h in out)
+
+
+def _block_shapes(hs, c):
+    return tuple(jax.ShapeDtypeStruct((c, shape_of(h)[-1]), jnp.result_type(h)) for h in hs)
+
+
+def _fused_forward(spec, hiddens, uniq, extras, consts, sel, vocab_mask):
     """Per-row outputs, block by block (the last block shifted back, so nothing is padded);
     ``uniq``: the distinct unembeddings' loop operands (:func:`_operand`)."""
     lead = spec.lead
-    hs, es = tuple(_flat(h, lead) for h in hiddens), tuple(_flat(e, lead) for e in extras)
+    hs, es = _sources(spec, hiddens, sel), tuple(_flat(e, lead) for e in extras)
     ws = tuple(uniq[k] for k in spec.side_w)
     rows = tuple(spec.rows[k] for k in spec.side_w)
     n = math.prod(lead)
@@ -351,13 +486,13 @@ def _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask):
     def rows_out(h_c, e_c):
         return spec.row_fn(_logits(spec, h_c, ws, rows, vocab_mask), e_c, *consts)
 
-    shapes = jax.eval_shape(rows_out, tuple(h[:spec.chunk] for h in hs),
+    shapes = jax.eval_shape(rows_out, _block_shapes(hs, spec.chunk),
                             tuple(e[:spec.chunk] for e in es))
     init = jax.tree.map(lambda s: jnp.zeros((n,) + s.shape[1:], s.dtype), shapes)
 
     def body(out, j):
         start, fresh, rows = _block_io(spec, j)
-        y = rows_out(tuple(map(rows, hs)), tuple(map(rows, es)))
+        y = rows_out(_block_hidden(hs, sel, rows), tuple(map(rows, es)))
         return jax.tree.map(lambda o, y: put_rows(o, start, fresh, y), out, y), None
 
     out, _ = jax.lax.scan(body, init, jnp.arange(-(-n // spec.chunk)))
@@ -365,15 +500,20 @@ def _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask):
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused_call(spec, hiddens, uniq, extras, consts, vocab_mask):
-    return _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask)
+def _fused_call(spec, hiddens, uniq, extras, consts, sel, vocab_mask):
+    return _fused_forward(spec, hiddens, uniq, extras, consts, sel, vocab_mask)
 
 
-def _fused_fwd(spec, hiddens, uniq, extras, consts, vocab_mask):
+def _primals(hiddens, uniq, extras, consts, sel, vocab_mask):
+    """The custom VJP's primal values and which of them are perturbed."""
     value = lambda t: jax.tree.map(lambda p: p.value, t)
     pert = lambda t: tuple(p.perturbed for p in t)
     flags = _Perturbed(pert(hiddens), pert(uniq), pert(extras), pert(consts))
-    args = tuple(map(value, (hiddens, uniq, extras, consts, vocab_mask)))
+    return tuple(map(value, (hiddens, uniq, extras, consts, sel, vocab_mask))), flags
+
+
+def _fused_fwd(spec, hiddens, uniq, extras, consts, sel, vocab_mask):
+    args, flags = _primals(hiddens, uniq, extras, consts, sel, vocab_mask)
     # residuals: the inputs only (no logits, no per-block values)
     return _fused_forward(spec, *args), (args, flags)
 
@@ -387,15 +527,15 @@ def _inexact(x) -> bool:
 
 
 def _fused_bwd(spec, res, ct):
-    (hiddens, uniq, extras, consts, vocab_mask), p = res
+    args, p = res
+    hiddens, uniq, extras, consts, _, _ = args
     ct_leaves = jax.tree.leaves(ct, is_leaf=_is_zero)
     used = tuple(not _is_zero(x) for x in ct_leaves)
     if not any(used):
         return _no_grads(hiddens, uniq, extras, consts)
     cts = tuple(_flat(x, spec.lead) for x, u in zip(ct_leaves, used) if u)
-    (d_h, d_w, d_e, d_c, _), _ = _grad_scan(spec, (hiddens, uniq, extras, consts, vocab_mask), p,
-                                            cts, used)
-    return d_h, _cast_like(d_w, uniq), d_e, d_c, None
+    (d_h, d_w, d_e, d_c), _ = _grad_scan(spec, args, p, cts, used)
+    return d_h, _cast_like(d_w, uniq), d_e, d_c, None, None
 
 
 def _cast_like(grads, arrays):
@@ -404,7 +544,7 @@ def _cast_like(grads, arrays):
 
 def _no_grads(hiddens, uniq, extras, consts):
     nones = lambda xs: tuple(None for _ in xs)
-    return nones(hiddens), nones(uniq), nones(extras), nones(consts), None
+    return nones(hiddens), nones(uniq), nones(extras), nones(consts), None, None
 
 
 def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
@@ -414,12 +554,13 @@ def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
     Per block: each side's logits, ``jax.vjp`` of ``row_fn`` with the block's rows of ``cts`` (one
     ``[n, ...]`` per-row cotangent per output leaf marked in ``used``), then the tile pass
     (:func:`_tile_pass`). Returns ``(grads, out)``: ``grads`` the ``(d_hiddens, d_unembeds, d_extras,
-    d_consts, None)`` of the inputs that ``p`` marks perturbed (None elsewhere); ``out`` every output
+    d_consts)`` of the inputs that ``p`` marks perturbed (None elsewhere); ``out`` every output
     ``row_fn``'s output pytree with leaves ``[*L, ...]`` when ``outputs`` (the leaves not in
-    ``used`` behind ``stop_gradient``), else None. The unembeddings' gradients
+    ``used`` behind ``stop_gradient``), else None. With ``outputs`` (:func:`lm_head_sum`'s forward
+    pass) the logits are projected in slabs (:func:`_project_tiled`). The unembeddings' gradients
     are the float32 accumulators (the caller casts them).
     """
-    hiddens, uniq, extras, consts, vocab_mask = args
+    hiddens, uniq, extras, consts, sel, vocab_mask = args
     lead, c = spec.lead, spec.chunk
     n = math.prod(lead)
     p_h = p.hiddens
@@ -429,9 +570,10 @@ def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
     # sides whose logits need a cotangent: a differentiated hidden state or unembedding
     need = tuple(i for i in range(len(hiddens)) if p_h[i] or p_w[spec.side_w[i]])
     if not outputs and not (need or any(p_e) or any(p_c)):
-        return _no_grads(hiddens, uniq, extras, consts), None
+        return _no_grads(hiddens, uniq, extras, consts)[:4], None
 
-    hs, es = tuple(_flat(h, lead) for h in hiddens), tuple(_flat(e, lead) for e in extras)
+    hs, es = _sources(spec, hiddens, sel), tuple(_flat(e, lead) for e in extras)
+    flat, row_mask = sel
     ws = tuple(uniq[k] for k in spec.side_w)
     orient = tuple(spec.rows[k] for k in spec.side_w)
     e_idx = tuple(k for k, f in enumerate(p_e) if f)
@@ -441,12 +583,15 @@ def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
     def body(carry, j):
         (g_h, g_w, g_e, g_c), out = carry
         start, fresh, rows = _block_io(spec, j)
-        h_c, e_c = tuple(map(rows, hs)), tuple(map(rows, es))
+        h_c, e_c = _block_hidden(hs, sel, rows), tuple(map(rows, es))
         ct_c = tuple(jnp.where(jnp.reshape(fresh, (-1,) + (1,) * (x.ndim - 1)), rows(x), 0)
                      for x in cts)
         # rows with a zero cotangent contribute exactly 0, even where row_fn's derivative is inf/NaN
         live = fresh & jnp.any(jnp.stack([jnp.reshape(x != 0, (c, -1)).any(-1) for x in ct_c]), 0)
-        z = [_project_raw(h, w, r) for h, w, r in zip(h_c, ws, orient)]
+        # a masked row's hidden states are a constant zero: no gradient reaches them
+        live_h = live if row_mask is None else live & rows(row_mask)
+        project = _project_tiled if outputs else _project_raw
+        z = [project(h, w, r) for h, w, r in zip(h_c, ws, orient)]
 
         def rows_out(z_d, e_d, c_d):
             zz, ee, cc = list(z), list(e_c), list(consts)
@@ -468,14 +613,17 @@ def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
             out = tuple(put_rows(o, start, fresh, next(ys) if u else jax.lax.stop_gradient(next(rest)))
                         for o, u in zip(out, used))
         dz, de, dc = vjp(ct_c)
-        dz = tuple(jnp.where(live[:, None], d, 0.0) for d in dz)
+        dz = tuple(jnp.where(live_h[:, None], d, 0.0) for d in dz)
         g_h, g_w = list(g_h), list(g_w)
         for i, d in zip(need, dz):
             k = spec.side_w[i]
             gh, acc = _tile_pass(d, ws[i], orient[i], h_c[i], g_w[k] if p_w[k] else None,
                                  want_h=p_h[i])
-            if p_h[i]:
+            if p_h[i] and flat[i] is None:
                 g_h[i] = put_rows(g_h[i], start, fresh, gh.astype(hs[i].dtype))
+            elif p_h[i]:   # live rows only: a stale row of the shifted last block is not this block's
+                g_h[i] = g_h[i].at[rows(flat[i])].add(
+                    jnp.where(live_h[:, None], gh, 0.0).astype(hs[i].dtype))
             if p_w[k]:
                 g_w[k] = acc
         keep = lambda x: jnp.reshape(live, (-1,) + (1,) * (x.ndim - 1))
@@ -490,14 +638,14 @@ def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
               tuple(jnp.zeros(shape_of(consts[k]), f32) for k in c_idx))
     out0 = None
     if outputs:
-        block = (tuple(h[:c] for h in hs), tuple(e[:c] for e in es))
+        block = (_block_shapes(hs, c), tuple(e[:c] for e in es))
         shapes = jax.eval_shape(
             lambda h_c, e_c: spec.row_fn(_logits(spec, h_c, ws, orient, vocab_mask), e_c, *consts),
             *block)
         leaves, tree = jax.tree.flatten(shapes)
         out0 = tuple(jnp.zeros((n,) + s.shape[1:], s.dtype) for s in leaves)
     ((g_h, g_w, g_e, g_c), out), _ = jax.lax.scan(body, (grads0, out0), jnp.arange(-(-n // c)))
-    d_h = tuple(None if g is None else _unflat(g, lead) for g in g_h)
+    d_h = tuple(None if g is None else jnp.reshape(g, shape_of(h)) for g, h in zip(g_h, hiddens))
     d_e, d_c = [None] * len(extras), [None] * len(consts)
     for k, g in zip(e_idx, g_e):
         d_e[k] = _unflat(g, lead)
@@ -505,7 +653,7 @@ def _grad_scan(spec, args, p: _Perturbed, cts, used, *, outputs: bool = False):
         d_c[k] = g.astype(jnp.result_type(consts[k]))
     if outputs:
         out = jax.tree.unflatten(tree, [_unflat(o, lead) for o in out])
-    return (d_h, tuple(g_w), tuple(d_e), tuple(d_c), None), out
+    return (d_h, tuple(g_w), tuple(d_e), tuple(d_c)), out
 
 
 def _tile_pass(dz, w, rows: bool, h, acc, *, want_h: bool):
@@ -546,16 +694,13 @@ _fused_call.defvjp(_fused_fwd, _fused_bwd, symbolic_zeros=True)
 # ---- fused sum: the gradient formed in the forward pass ------------------------------------------
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused_sum_call(spec, hiddens, uniq, extras, consts, vocab_mask):
-    loss, aux = _fused_forward(spec, hiddens, uniq, extras, consts, vocab_mask)
+def _fused_sum_call(spec, hiddens, uniq, extras, consts, sel, vocab_mask):
+    loss, aux = _fused_forward(spec, hiddens, uniq, extras, consts, sel, vocab_mask)
     return jnp.sum(loss), aux
 
 
-def _fused_sum_fwd(spec, hiddens, uniq, extras, consts, vocab_mask):
-    value = lambda t: jax.tree.map(lambda p: p.value, t)
-    pert = lambda t: tuple(p.perturbed for p in t)
-    flags = _Perturbed(pert(hiddens), pert(uniq), pert(extras), pert(consts))
-    args = tuple(map(value, (hiddens, uniq, extras, consts, vocab_mask)))
+def _fused_sum_fwd(spec, hiddens, uniq, extras, consts, sel, vocab_mask):
+    args, flags = _primals(hiddens, uniq, extras, consts, sel, vocab_mask)
     n_out = len(jax.tree.leaves(jax.eval_shape(
         lambda *a: _fused_forward(spec, *a), *args)))
     used = (True,) + (False,) * (n_out - 1)   # the loss (first leaf) gets a unit cotangent
@@ -565,12 +710,12 @@ def _fused_sum_fwd(spec, hiddens, uniq, extras, consts, vocab_mask):
 
 
 def _fused_sum_bwd(spec, res, ct):
-    (d_h, d_w, d_e, d_c, _), uniq = res
+    (d_h, d_w, d_e, d_c), uniq = res
     g = ct[0]  # aux carries no gradient
     if _is_zero(g):
         return _no_grads(d_h, d_w, d_e, d_c)
     scale = lambda xs: tuple(None if x is None else (g * x).astype(x.dtype) for x in xs)
-    return scale(d_h), _cast_like(scale(d_w), uniq), scale(d_e), scale(d_c), None
+    return scale(d_h), _cast_like(scale(d_w), uniq), scale(d_e), scale(d_c), None, None
 
 
 _fused_sum_call.defvjp(_fused_sum_fwd, _fused_sum_bwd, symbolic_zeros=True)
