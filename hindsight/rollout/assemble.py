@@ -36,7 +36,7 @@ class GroupRows:
       loss_mask: ``[G, T]`` bool (HDL continuations: only ``t >= branch position``).
       rewards: ``[G]`` float32 verifier rewards.
       branch_positions: ``[G]`` int32 (0 for fresh rows).
-      texts: decoded responses.
+      texts: decoded responses; feedback: the verifier's feedback per row.
       generated_tokens: tokens sampled for this group (reflections included).
       hindsight: per-row hindsight context ids (HDL trees only).
     """
@@ -52,6 +52,7 @@ class GroupRows:
     branch_positions: np.ndarray
     texts: list[str]
     generated_tokens: int
+    feedback: list[str] = dataclasses.field(default_factory=list)
     hindsight: list[np.ndarray] | None = None
 
     @property

@@ -22,10 +22,11 @@ from hindsight.methods.dapo import keep_groups
 from hindsight.rollout.assemble import GroupRows
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.runtime import PhaseClock
+from hindsight.rollout.verification import Verifier
 from hindsight.sampling import SamplingParams
 
 
-def sample_dynamic(model, tokenizer, task, examples: Iterable, *, key, params: SamplingParams,
+def sample_dynamic(model, tokenizer, verifier: Verifier, examples: Iterable, *, key, params: SamplingParams,
                    group_size: int, num_groups: int, max_num_gen_batches: int,
                    slots: int | None = None, chunk_steps: int = 16,
                    clock: PhaseClock | None = None) -> tuple[list[GroupRows], dict]:
@@ -53,7 +54,7 @@ def sample_dynamic(model, tokenizer, task, examples: Iterable, *, key, params: S
         chunk = list(itertools.islice(stream, num_groups))
         if not chunk:
             break
-        groups = sample_groups(model, tokenizer, task, chunk, key=key, params=params,
+        groups = sample_groups(model, tokenizer, verifier, chunk, key=key, params=params,
                                group_size=group_size, slots=slots, chunk_steps=chunk_steps,
                                clock=clock, first_index=sampled)
         batches += 1

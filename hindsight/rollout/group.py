@@ -1,7 +1,7 @@
 """GRPO groups: ``G`` independent samples per prompt, verified (spec §1.1).
 
-Each prompt is one engine request (prefilled once, fanned out to ``G`` slots); the group is
-verified as soon as its rows finish, while other prompts keep decoding.
+Each prompt is one engine request (prefilled once, fanned out to ``G`` slots); the group goes to
+the verifier's workers as soon as its rows finish, while other prompts keep decoding.
 """
 from __future__ import annotations
 
@@ -11,26 +11,28 @@ import numpy as np
 
 from hindsight.rollout.assemble import GroupRows
 from hindsight.rollout.prompts import policy_prompt
-from hindsight.rollout.runtime import PhaseClock, fit_width, longest, make_engine, request_key, \
-    verify_rows
+from hindsight.rollout.runtime import PhaseClock, fit_width, longest, make_engine, request_key
+from hindsight.rollout.verification import Checked, Verifier
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import Example
 
 
-def sample_groups(model, tokenizer, task, examples: Sequence[Example], *, key,
+def sample_groups(model, tokenizer, verifier: Verifier, examples: Sequence[Example], *, key,
                   params: SamplingParams, group_size: int, slots: int | None = None,
                   chunk_steps: int = 16, clock: PhaseClock | None = None,
                   first_index: int = 0) -> list[GroupRows]:
     """Sample and verify ``group_size`` responses for each example.
 
     Args:
+      verifier: checks each group's rows (its task's ``verify``) while other prompts decode.
       examples: P examples; group ``k`` answers ``examples[k]``.
       key: PRNG key; request ``k`` uses ``fold_in(key, first_index + k)``, so a prompt's samples do
         not depend on which batch or slot it lands in.
       params: sampling parameters (stop tokens included); ``T = params.max_new_tokens``.
       group_size: ``G``.
       slots, chunk_steps: engine settings (:func:`hindsight.rollout.runtime.make_engine`).
-      clock: records seconds and tokens under ``"roots"`` and ``"verify"``.
+      clock: records seconds and tokens under ``"roots"``, and ``"verify"`` / ``"verify_wait"``
+        (:meth:`hindsight.rollout.runtime.PhaseClock.run`).
       first_index: offset of ``examples[0]`` in the caller's numbering (``example_index``).
     Returns:
       P :class:`GroupRows` in example order, ``loss_mask`` = the response mask.
@@ -45,19 +47,21 @@ def sample_groups(model, tokenizer, task, examples: Sequence[Example], *, key,
     groups: dict[int, GroupRows] = {}
 
     def on_result(k, res):
-        with clock.host_phase("verify"):
-            tokens = fit_width(res.tokens, width)
-            rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, res.lengths,
-                                            clock=clock)
-            clock.tokens["roots"] += int(res.lengths.sum())
+        clock.tokens["roots"] += int(res.lengths.sum())
+        tokens = fit_width(res.tokens, width)
+
+        def verified(checked: Checked):
             groups[k] = GroupRows(
                 example=examples[k], example_index=first_index + k, prompt=prompts[k],
                 tokens=tokens, lengths=res.lengths.astype(np.int32),
                 logprobs=fit_width(res.logprobs, width),
                 policy_logprobs=fit_width(res.policy_logprobs, width),
-                loss_mask=fit_width(res.mask, width), rewards=rewards,
-                branch_positions=np.zeros(group_size, np.int32), texts=texts,
-                generated_tokens=int(res.lengths.sum()))
+                loss_mask=fit_width(res.mask, width), rewards=checked.rewards,
+                branch_positions=np.zeros(group_size, np.int32), texts=checked.texts,
+                feedback=checked.feedback, generated_tokens=int(res.lengths.sum()))
 
-    clock.run([engine], on_result)
+        with clock.host_phase("verify"):
+            verifier.submit(examples[k], tokens, res.lengths, verified)
+
+    clock.run([engine], on_result, verifier)
     return [groups[k] for k in range(len(prompts))]

@@ -37,8 +37,8 @@ from hindsight.rollout.assemble import GroupRows
 from hindsight.rollout.branching import TreeLayout, choose_branch_points, tree_layout
 from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, hindsight_context,
                                        policy_prompt, reflection_turn)
-from hindsight.rollout.runtime import PhaseClock, decode, fit_width, make_engine, request_key, \
-    verify_rows
+from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key
+from hindsight.rollout.verification import Checked, Verifier, decode
 from hindsight.sampling import SamplingParams, score_logprobs
 from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
@@ -160,13 +160,15 @@ def _round16(n: int) -> int:
     return -(-max(int(n), 0) // 16) * 16
 
 
-def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
+def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Example], *, key,
                  params: SamplingParams, config: HDLConfig, options: TreeOptions = TreeOptions(),
                  slots: int | None = None, chunk_steps: int = 16,
                  clock: PhaseClock | None = None) -> tuple[list[GroupRows], list[TreeInfo]]:
     """Sample one HDL tree per example.
 
     Args:
+      verifier: checks roots (their verdicts feed the reflections) and the finished trees' rows
+        while other trees decode.
       examples: P examples.
       key: PRNG key; every request's key is folded from it along ``(prompt, stage, root)``.
       params: sampling parameters of roots, reflections and continuations (stop tokens included);
@@ -174,7 +176,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
       config: the HDL method config (roots, points, counts, tail guard, ``d_min`` rule).
       options: :class:`TreeOptions`.
       clock: records ``roots`` / ``reflection`` / ``continuations`` / ``fresh`` tokens and decode
-        time, ``scoring`` and ``verify`` host time.
+        time, ``scoring`` / ``reflection`` / ``verify`` host time and ``verify_wait``.
     Returns:
       ``(groups, infos)``: P groups of ``config.group_size`` rows in the layout of
       :mod:`hindsight.rollout.branching`, with ``hindsight`` contexts per row, and P
@@ -202,12 +204,16 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     infos: dict[int, TreeInfo] = {}
 
     def on_roots(k, res):
-        tree, ex = trees[k], examples[k]
+        clock.tokens["roots"] += int(res.lengths.sum())
+        trees[k].roots = res
         with clock.host_phase("verify"):
-            clock.tokens["roots"] += int(res.lengths.sum())
-            tree.roots = res
-            tree.root_rewards, tree.feedback, tree.root_texts = verify_rows(
-                task, ex, tokenizer, res.tokens, res.lengths, clock=clock)
+            verifier.submit(examples[k], res.tokens, res.lengths,
+                            lambda checked: reflect(k, checked))
+
+    def reflect(k, checked: Checked):
+        tree, ex, res = trees[k], examples[k], trees[k].roots
+        tree.root_rewards, tree.feedback, tree.root_texts = \
+            checked.rewards, checked.feedback, checked.texts
         with clock.host_phase("reflection"):
             turns, caps = [], []
             for r in range(n_roots):
@@ -290,7 +296,7 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
             clock.tokens["fresh"] += int(res.lengths.sum())
         if len(tree.parts) == tree.waiting:
             with clock.host_phase("verify"):
-                groups[k], infos[k] = _finish(k)
+                _finish(k)
 
     def _finish(k):
         tree = trees[k]
@@ -314,19 +320,24 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
             lengths[i] = src.lengths[j]
         t = np.arange(width)[None, :]
         loss_mask = (t < lengths[:, None]) & (t >= layout.position[:, None])
-        rewards, _, texts = verify_rows(task, examples[k], tokenizer, tokens, lengths, clock=clock)
+        verifier.submit(examples[k], tokens, lengths, lambda checked: _store(
+            k, layout, tokens, lengths, logprobs, policy_lp, loss_mask, checked))
+        tree.roots = tree.parts = None  # release the cached prefixes
+
+    def _store(k, layout, tokens, lengths, logprobs, policy_lp, loss_mask, checked: Checked):
+        tree = trees[k]
+        rewards, texts = checked.rewards, checked.texts
         refl_len = np.array([len(tree.reflections[r][0]) for r in range(n_roots)], np.int32)
         generated = int((lengths - layout.position).sum() + refl_len.sum())
         row = GroupRows(example=examples[k], example_index=k, prompt=tree.prompt, tokens=tokens,
                         lengths=lengths, logprobs=logprobs, policy_logprobs=policy_lp, loss_mask=loss_mask,
                         rewards=rewards, branch_positions=layout.position, texts=texts,
-                        generated_tokens=generated, hindsight=[tree.h[r] for r in layout.root])
+                        feedback=checked.feedback, generated_tokens=generated, hindsight=[tree.h[r] for r in layout.root])
         info = TreeInfo(layout=layout, points=tree.points, sources=tree.sources,
                         scores=tree.scores, reflections=[tree.reflections[r][1]
                                                          for r in range(n_roots)],
                         reflection_lengths=refl_len, feedback=tree.feedback)
-        tree.roots = tree.parts = None  # release the cached prefixes
-        return row, info
+        groups[k], infos[k] = row, info
 
     def on_result(tag, res):
         if tag[0] == _ROOTS:
@@ -339,5 +350,5 @@ def sample_trees(model, tokenizer, task, examples: Sequence[Example], *, key,
     for k, tree in enumerate(trees):
         engine.submit(tree.prompt, num_samples=n_roots, key=request_key(key, k, _ROOTS),
                       keep_cache=True, tag=(_ROOTS, k))
-    clock.run([engine], on_result)
+    clock.run([engine], on_result, verifier)
     return [groups[k] for k in range(len(trees))], [infos[k] for k in range(len(trees))]

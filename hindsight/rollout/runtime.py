@@ -1,5 +1,5 @@
-"""What every rollout shape shares: the sampling engine, per-request keys, decoding + verification,
-and the wall-clock split by phase.
+"""What every rollout shape shares: the sampling engine, per-request keys, and the wall-clock
+split by phase while engines decode and a :class:`~hindsight.rollout.verification.Verifier` checks.
 
 All shapes decode through a continuous-batching :class:`hindsight.sampling.engine.Engine`, so rows
 of different prompts (and HDL's continuations) share the slot batch and decoding stays
@@ -19,7 +19,7 @@ import numpy as np
 from hindsight.sampling import SamplingParams
 from hindsight.sampling.buckets import cache_len_bucket
 from hindsight.sampling.engine import Engine
-from hindsight.tasks import Example, Verdict
+from hindsight.rollout.verification import Verifier
 
 
 def with_eos(params: SamplingParams, tokenizer) -> SamplingParams:
@@ -49,39 +49,6 @@ def request_key(key, *path: int):
     return key
 
 
-def decode(tokenizer, tokens: np.ndarray, length: int) -> str:
-    """Text of ``tokens[:length]`` without special tokens."""
-    return tokenizer.decode([int(t) for t in tokens[:length]], skip_special_tokens=True)
-
-
-def safe_verify(task, example: Example, text: str) -> tuple[Verdict, bool]:
-    """``task.verify(example, text)``, or, when the verifier raises (a degenerate response, a bug
-    in the checker), reward 0 with the exception's first line as feedback: one response never ends
-    a run. Returns ``(verdict, failed)``."""
-    try:
-        return task.verify(example, text), False
-    except Exception as e:  # noqa: BLE001 - any verifier failure is that row's failure
-        line = (str(e).strip().splitlines() or [""])[0][:200]
-        return Verdict(0.0, f"verifier error: {type(e).__name__}: {line}"), True
-
-
-def verify_rows(task, example: Example, tokenizer, tokens: np.ndarray, lengths: np.ndarray, *,
-                clock: "PhaseClock | None" = None):
-    """Decode and verify each row (:func:`safe_verify`; failures are counted in
-    ``clock.verifier_errors``). Returns ``(rewards [n] float32, feedback, texts)``."""
-    texts = [decode(tokenizer, tokens[i], int(lengths[i])) for i in range(len(lengths))]
-    checked = [safe_verify(task, example, t) for t in texts]
-    verdicts = [v for v, _ in checked]
-    if clock is not None:
-        clock.verifier_errors += sum(failed for _, failed in checked)
-    rewards = np.array([v.reward for v in verdicts], np.float32)
-    bad = np.nonzero(~((rewards >= 0) & (rewards <= 1)))[0]
-    if bad.size:
-        raise ValueError(f"task {getattr(task, 'name', task)!r} returned reward {rewards[bad[0]]} "
-                         f"outside [0, 1]")
-    return rewards, [v.feedback for v in verdicts], texts
-
-
 def fit_width(a: np.ndarray, width: int) -> np.ndarray:
     """``a [n, w]`` cut or zero-padded to ``[n, width]``."""
     if a.shape[1] >= width:
@@ -101,7 +68,6 @@ class PhaseClock:
     """
 
     def __init__(self):
-        self.verifier_errors = 0  # verifier calls that raised (reward 0, see safe_verify)
         self.host = collections.Counter()
         self.tokens = collections.Counter()
         self.engine_seconds = collections.Counter()  # per engine name
@@ -116,13 +82,16 @@ class PhaseClock:
         finally:
             self.host[name] += time.perf_counter() - start
 
-    def run(self, engines: Sequence[Engine], on_result) -> None:
-        """Step ``engines`` in turn (one decode chunk each) until all are idle, calling
-        ``on_result(tag, rollouts)`` for each completed request (it may submit more work to any of
-        them); their decode time and statistics are recorded under their ``name``."""
+    def run(self, engines: Sequence[Engine], on_result, verifier: Verifier | None = None) -> None:
+        """Step ``engines`` in turn (one decode chunk each) until all are idle and ``verifier`` has
+        no check out, calling ``on_result(tag, rollouts)`` for each completed request (it may
+        submit more work to any engine, or rows to ``verifier``). Between steps the finished
+        checks' callbacks run (host time not inside one of their own phases goes to ``verify``);
+        when every engine is idle and checks are out, the wait for the oldest is ``verify_wait``.
+        Each engine's decode time and statistics are recorded under its ``name``."""
         names = [getattr(e, "name", "engine") for e in engines]
         stats_before = [collections.Counter(getattr(e, "stats", {})) for e in engines]
-        while not all(e.idle for e in engines):
+        while not all(e.idle for e in engines) or (verifier is not None and verifier.pending):
             for engine, name in zip(engines, names):
                 if engine.idle:
                     continue
@@ -135,6 +104,13 @@ class PhaseClock:
                 made = collections.Counter(self.tokens)
                 made.subtract(tokens)
                 self.engine_tokens.setdefault(name, collections.Counter()).update(made)
+            if verifier is not None and verifier.pending:
+                if all(e.idle for e in engines):
+                    self.host["verify_wait"] += verifier.wait()
+                start, host = time.perf_counter(), sum(self.host.values())
+                verifier.deliver()
+                self.host["verify"] += time.perf_counter() - start - (
+                    sum(self.host.values()) - host)
         for engine, name, old in zip(engines, names, stats_before):
             new = collections.Counter(getattr(engine, "stats", {}))
             new.subtract(old)

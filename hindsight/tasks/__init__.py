@@ -1,7 +1,15 @@
 """Tasks: prompt sources plus verifiers returning a reward in [0, 1] and textual feedback."""
-from hindsight.tasks.base import SPLITS, Example, Task, Verdict, get_task, register, task_names
-from hindsight.tasks import synthetic  # noqa: F401  (registers the synthetic tasks)
+from hindsight.tasks.base import (SPLITS, Example, Task, Verdict, get_task, register, reward_range,
+                                  seeded_subset, task_names)
+from hindsight.tasks import code, synthetic  # noqa: F401  (register the code and synthetic tasks)
+from hindsight.tasks.code import HumanEval, verify_program
+from hindsight.tasks import dataset, math  # noqa: F401  (register the dataset and math_word tasks)
+from hindsight.tasks.dataset import DatasetTask
+from hindsight.tasks.math import MathWord, verify_choice, verify_math
+from hindsight.tasks.sandbox import Limits, run_python
 from hindsight.tasks.synthetic import Arithmetic, CountLetters, ReverseWords, SortNumbers
 
-__all__ = ["SPLITS", "Arithmetic", "CountLetters", "Example", "ReverseWords", "SortNumbers", "Task",
-           "Verdict", "get_task", "register", "task_names"]
+__all__ = ["SPLITS", "Arithmetic", "CountLetters", "DatasetTask", "Example", "HumanEval", "Limits",
+           "MathWord", "ReverseWords", "SortNumbers", "Task", "Verdict", "get_task", "register",
+           "reward_range", "run_python", "seeded_subset", "task_names", "verify_choice",
+           "verify_math", "verify_program"]

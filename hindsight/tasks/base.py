@@ -6,6 +6,8 @@ went wrong, not just a number, so every verdict carries a short textual feedback
 from __future__ import annotations
 
 import dataclasses
+import random
+from collections.abc import Sequence
 from typing import Callable, Protocol
 
 SPLITS = ("train", "test")
@@ -13,10 +15,20 @@ SPLITS = ("train", "test")
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One problem: the user message, the reference answer (for privileged contexts) and task data."""
+    """One problem: the user message, the reference answer (for privileged contexts) and task data.
+
+    ``data`` is a tuple: the synthetic tasks keep their items in it; record-backed tasks (files,
+    HumanEval) keep ``(field, value)`` pairs, read back with :meth:`field`."""
     prompt: str
     answer: str
     data: tuple = ()
+
+    def field(self, name: str):
+        """The value of ``(name, value)`` in ``data`` (record-backed tasks); KeyError names it."""
+        for item in self.data:
+            if isinstance(item, tuple) and len(item) == 2 and item[0] == name:
+                return item[1]
+        raise KeyError(f"example has no field {name!r} in its data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +39,15 @@ class Verdict:
     extracted: str | None = None
 
 
+DEFAULT_REWARD_RANGE = (0.0, 1.0)
+
+
 class Task(Protocol):
+    """A task. Optional attributes: ``reward_range`` (``(low, high)``, default
+    :data:`DEFAULT_REWARD_RANGE`: rewards outside it are an error) and, for tasks backed by a fixed
+    list of problems, ``split_examples(split) -> list[Example]`` (every problem of ``split`` in
+    file order; the training loop then draws steps' prompts from it in epochs, see
+    :func:`hindsight.train.loop.train_examples`)."""
     name: str
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
@@ -35,6 +55,26 @@ class Task(Protocol):
 
     def verify(self, example: Example, response: str) -> Verdict:
         """Score a model response to ``example``."""
+
+
+def reward_range(task) -> tuple[float, float]:
+    """``task.reward_range`` or the default ``(0, 1)``."""
+    low, high = getattr(task, "reward_range", DEFAULT_REWARD_RANGE)
+    return float(low), float(high)
+
+
+def seeded_subset(items: Sequence[Example], *, split: str, count: int, seed: int,
+                  where: str) -> list[Example]:
+    """``count`` of ``items`` in a seeded order (the first ``count`` of a permutation drawn from
+    ``seed``): what ``examples()`` returns for a record-backed task. ``where`` names the task in
+    errors."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"`count` must be a non-negative int, got {count!r}")
+    if count > len(items):
+        raise ValueError(f"{where}: asked for {count} {split} examples but the split holds "
+                         f"{len(items)}")
+    order = random.Random(f"{seed}:{split}").sample(range(len(items)), len(items))
+    return [items[i] for i in order[:count]]
 
 
 _REGISTRY: dict[str, Callable[[], Task]] = {}

@@ -26,6 +26,8 @@ NOUNS = ("apple", "bird", "book", "car", "cat", "chair", "cloud", "cup", "dog", 
 LONG_WORDS = ("banana", "strawberry", "mississippi", "committee", "balloon", "bookkeeper", "letter",
               "parallel", "pepper", "coffee", "assessment", "butterfly", "tomorrow", "success", "address")
 STYLES = ("direct", "reasoning", "explain")
+TASKS = ("reverse", "count_letters", "arithmetic", "sort_numbers", "even_length")
+"""The registry names this module defines (the ``smollm2-<task>`` config variants)."""
 _STYLE_SUFFIX = {
     "direct": "",
     "reasoning": " Think step by step, then write the final answer alone on the last line.",

@@ -13,7 +13,8 @@ Typical use (what :func:`hindsight.train.loop.run` does for an experiment config
     state, metrics = step(state, local_rows)        # this process's rows of the step's batch
 """
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
-from hindsight.train.data import DataConfig, make_data_iterator, prompt_dataset, read_jsonl
+from hindsight.train.data import (DataConfig, make_data_iterator, prompt_batches, prompt_dataset,
+                                 read_jsonl)
 from hindsight.train.mesh import (AXES, BATCH_AXES, DistributedConfig, MeshConfig,
                                   initialize_distributed, make_mesh, model_rules, param_shardings)
 from hindsight.train.metrics import MetricsConfig, MetricsLogger, StepTimer, format_summary
@@ -29,6 +30,6 @@ __all__ = [
     "SCHEDULES", "StepConfig", "StepTimer", "TrainState", "TrainStep", "abstract_train_state",
     "check_layout", "create_train_state", "format_summary", "initialize_distributed",
     "make_data_iterator", "make_mesh", "make_optimizer", "make_schedule", "make_train_step",
-    "model_rules", "param_shardings", "prompt_dataset", "read_jsonl", "shard_batch", "split_model",
+    "model_rules", "param_shardings", "prompt_batches", "prompt_dataset", "read_jsonl", "shard_batch", "split_model",
     "state_shardings",
 ]

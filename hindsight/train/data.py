@@ -1,9 +1,13 @@
-"""Prompt records with grain: deterministic shuffling, per-process sharding, checkpointable iterator.
+"""Prompt records with grain: deterministic shuffling, per-process sharding, random access by
+batch or a checkpointable iterator.
 
-Pipeline: source (JSONL file or list of dicts) -> global shuffle by seed (reshuffled every epoch)
--> repeat -> this process's slice (``process_index::process_count``) -> batches of
-``batch_size / process_count`` records (lists of dicts; prompts are text, tokenised later by the
-rollout) -> an iterator whose ``get_state()`` / ``set_state()`` restore the exact position.
+Pipeline: source (JSONL file, list of dicts, or a task's examples) -> global shuffle by seed
+(reshuffled every epoch) -> repeat -> global batches -> this process's slice -> batches of
+``batch_size / process_count`` records (prompts are text, tokenised later by the rollout). The
+training loop reads batch ``step`` of :func:`prompt_batches` directly (a record-backed task's
+train split, :func:`hindsight.train.loop.train_examples`), so its iterator state is the step held
+in the checkpoint; :func:`prompt_dataset` wraps the same pipeline as an iterator whose
+``get_state()`` / ``set_state()`` restore the exact position.
 
 Every process sees a disjoint, equally sized part of each global batch, and the union over
 processes of global batch ``k`` is the same set of records whatever the process count.
@@ -48,21 +52,22 @@ def read_jsonl(path: str) -> list[dict]:
     return records
 
 
-def prompt_dataset(records: Sequence[dict], *, batch_size: int, seed: int = 0,
-                   shuffle: bool = True, num_epochs: int | None = None,
-                   process_index: int | None = None,
-                   process_count: int | None = None) -> grain.IterDataset:
-    """A grain dataset yielding this process's share of each global batch (a list of records).
+def prompt_batches(records: Sequence, *, batch_size: int, seed: int = 0, shuffle: bool = True,
+                   num_epochs: int | None = None, process_index: int | None = None,
+                   process_count: int | None = None) -> grain.MapDataset:
+    """A random-access grain dataset whose element ``k`` is this process's share of global batch
+    ``k`` (a list of records: dicts, :class:`hindsight.tasks.Example`, anything).
 
     Args:
-      records: the prompt records (dicts).
+      records: the prompt records.
       batch_size: global batch size; must be divisible by ``process_count``.
       seed: shuffling seed; epoch ``e`` uses a permutation derived from ``(seed, e)``.
       shuffle: False keeps file order.
       num_epochs: passes over the data; None repeats forever.
       process_index, process_count: default to ``jax.process_index()`` / ``jax.process_count()``.
     Returns:
-      An ``IterDataset``; ``iter(ds)`` gives a checkpointable ``grain.DatasetIterator``.
+      A ``MapDataset``: ``ds[k]`` is a pure function of ``(records, seed, k)``, so a step's
+      prompts need no iterator state to resume.
     """
     index = jax.process_index() if process_index is None else process_index
     count = jax.process_count() if process_count is None else process_count
@@ -81,8 +86,13 @@ def prompt_dataset(records: Sequence[dict], *, batch_size: int, seed: int = 0,
     # Cut whole global batches first, so that every process takes its part of the same batch.
     ds = ds.batch(batch_size, drop_remainder=True, batch_fn=list)
     per_process = batch_size // count
-    ds = ds.map(lambda batch: batch[index * per_process:(index + 1) * per_process])
-    return ds.to_iter_dataset()
+    return ds.map(lambda batch: batch[index * per_process:(index + 1) * per_process])
+
+
+def prompt_dataset(records: Sequence, **kwargs) -> grain.IterDataset:
+    """:func:`prompt_batches` as an ``IterDataset``: ``iter(ds)`` gives a checkpointable
+    ``grain.DatasetIterator`` (``get_state()`` / ``set_state()``)."""
+    return prompt_batches(records, **kwargs).to_iter_dataset()
 
 
 def make_data_iterator(config: DataConfig, records: Sequence[dict] | None = None, *,

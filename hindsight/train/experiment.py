@@ -85,7 +85,9 @@ class RolloutSection:
     temperature (checked). ``slots``: engine slot batch (None: ``min(rows, 64)``).
     ``reflection_max_tokens`` / ``hindsight_reflection_tokens``: HDL's reflection caps;
     ``feedback_max_tokens``: the verifier feedback is cut to this many tokens in HDL's reflection
-    turn and hindsight context (:class:`hindsight.rollout.TreeOptions`).
+    turn and hindsight context (:class:`hindsight.rollout.TreeOptions`). ``verify_workers``:
+    threads checking responses while the engine keeps decoding (0: inline;
+    :mod:`hindsight.rollout.verification`).
     """
     prompts_per_step: int = 2
     group_size: int | None = 16
@@ -99,6 +101,7 @@ class RolloutSection:
     reflection_max_tokens: int = 256
     hindsight_reflection_tokens: int = 256
     feedback_max_tokens: int = 16
+    verify_workers: int = 4
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "chunk_steps",
@@ -108,6 +111,10 @@ class RolloutSection:
         for name in ("group_size", "slots"):
             if getattr(self, name) is not None:
                 _positive_int(f"rollout.{name}", getattr(self, name))
+        if isinstance(self.verify_workers, bool) or not isinstance(self.verify_workers, int) \
+                or self.verify_workers < 0:
+            raise ValueError(f"rollout.verify_workers must be a non-negative int, got "
+                             f"{self.verify_workers!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,17 +171,22 @@ class TrainSection:
 class EvalSection:
     """Held-out reward: ``num_examples`` of the task's ``split`` split, one sample each at
     ``temperature`` (0 = greedy), before the first step and every ``every`` steps after it
-    (0: only before the first and after the last step)."""
+    (0: only before the first and after the last step). ``num_samples``: ``n`` samples per
+    problem at the rollout's sampling parameters for pass@k in ``python -m experiments.evaluate``
+    (0: greedy pass@1 only)."""
     every: int = 0
     num_examples: int = 16
     temperature: float = 0.0
     split: str = "test"
+    num_samples: int = 0
 
     def __post_init__(self):
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 0:
             raise ValueError(f"eval.every must be an int >= 0, got {self.every!r}")
         if self.num_examples != 0:
             _positive_int("eval.num_examples", self.num_examples)
+        if self.num_samples != 0:
+            _positive_int("eval.num_samples", self.num_samples)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ reference after every update. The run directory holds:
   for :data:`hindsight.train.experiment.RESUMABLE_KEYS` (else it refuses, naming the keys);
 * ``metrics.jsonl`` + TensorBoard events — per step: the loss metrics (mean over the step's
   updates), ``reward``, ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``,
-  ``update_seconds``, ``step_time``, ``tokens_per_s`` (generated tokens / step time) and, on
+  ``verify_wait_seconds`` (decoding waited for verification), ``verify_worker_seconds`` (checking,
+  overlapping decode), ``update_seconds``, ``step_time``, ``tokens_per_s`` (generated tokens / step time) and, on
   evaluation steps, ``eval_reward`` (held-out);
 * ``updates.jsonl`` + TensorBoard ``update/*`` — per optimizer update: ``step``, ``update``,
   ``epoch``, ``minibatch`` and the update's loss metrics (``ratio``, clip fractions, ...);
@@ -52,11 +53,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from hindsight.methods import LMHead
-from hindsight.rollout import RolloutConfig, TreeOptions, collect, sample_groups
+from hindsight.rollout import RolloutConfig, TreeOptions, collect
 from hindsight.rollout.runtime import with_eos
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import get_task
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
+from hindsight.train.data import prompt_batches
+from hindsight.train.evaluation import sample_rewards
 from hindsight.train.experiment import (ConfigError, Experiment, ExperimentConfig,
                                         NonFiniteError, config_differences, resolve)
 from hindsight.train.mesh import make_mesh, model_rules
@@ -80,11 +83,30 @@ def load_policy(section, mesh):
 
 
 def train_examples(task, *, seed: int, step: int, count: int):
-    """The step's prompts: an endless stream from seeds ``(seed, step, chunk)``. Group/HDL rollouts
-    take the first ``count``; DAPO dynamic sampling draws more until it has enough mixed groups."""
+    """The step's prompts, an endless stream that is a function of ``(seed, step)``: group / HDL
+    rollouts take the first ``count``; DAPO dynamic sampling draws more until it has enough mixed
+    groups.
+
+    A task with a fixed list of problems (``split_examples``: files, HumanEval) is read in epochs
+    through grain (:func:`hindsight.train.prompt_batches`): step ``k``'s prompts are batch ``k``
+    of its train split shuffled by ``seed`` and reshuffled each epoch; extra draws come from a
+    reshuffle seeded by ``(seed, step)``. Every process reads the whole batch (each samples every
+    row of the rollout; the step splits the rows). A generated task draws from seeds
+    ``(seed, step, chunk)``."""
     base = int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
-    for chunk in itertools.count():
-        yield from task.examples(split="train", count=count, seed=base + chunk)
+    if hasattr(task, "split_examples"):
+        items = task.split_examples("train")
+        if count > len(items):
+            raise ConfigError(f"rollout.prompts_per_step={count} exceeds the {len(items)} "
+                              f"problems of task {task.name!r}'s train split")
+        common = dict(batch_size=count, process_index=0, process_count=1)
+        yield from prompt_batches(items, seed=seed, **common)[step]
+        extra = prompt_batches(items, seed=base, **common)
+        for chunk in itertools.count():
+            yield from extra[chunk]
+    else:
+        for chunk in itertools.count():
+            yield from task.examples(split="train", count=count, seed=base + chunk)
 
 
 def sampling_params(exp: ExperimentConfig, *, temperature: float | None = None) -> SamplingParams:
@@ -100,7 +122,8 @@ def rollout_config(xp: Experiment) -> RolloutConfig:
                        hindsight_reflection_tokens=r.hindsight_reflection_tokens,
                        feedback_max_tokens=r.feedback_max_tokens)
     return RolloutConfig(slots=r.slots, chunk_steps=r.chunk_steps, tree=tree,
-                         num_sample_texts=xp.config.num_sample_texts)
+                         num_sample_texts=xp.config.num_sample_texts,
+                         verify_workers=r.verify_workers)
 
 
 def vocab_mask(tokenizer, vocab_size: int):
@@ -134,9 +157,10 @@ def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
     e = exp.eval
     examples = task.examples(split=e.split, count=e.num_examples, seed=exp.seed)
     params = with_eos(sampling_params(exp, temperature=e.temperature), tokenizer)
-    groups = sample_groups(model, tokenizer, task, examples, key=key, params=params, group_size=1,
-                           slots=exp.rollout.slots, chunk_steps=exp.rollout.chunk_steps)
-    return float(np.mean([g.rewards.mean() for g in groups]))
+    return float(sample_rewards(model, tokenizer, task, examples, key=key, params=params,
+                                samples=1, slots=exp.rollout.slots,
+                                chunk_steps=exp.rollout.chunk_steps,
+                                verify_workers=exp.rollout.verify_workers).rewards.mean())
 
 
 def preflight(xp: Experiment):
@@ -234,7 +258,9 @@ def _mean_records(records: list[dict]) -> dict:
 def _rollout_metrics(stats) -> dict:
     out = {"reward": stats.reward_mean, "response_length": stats.response_length_mean,
            "generated_tokens_per_group": float(np.mean(stats.generated_tokens)),
-           "rollout_seconds": stats.seconds["total"], "verifier_errors": stats.verifier_errors}
+           "rollout_seconds": stats.seconds["total"], "verifier_errors": stats.verifier_errors,
+           "verify_wait_seconds": stats.seconds.get("verify_wait", 0.0),
+           "verify_worker_seconds": stats.verify_worker_seconds}
     if stats.reflection_tokens:
         out["reflection_tokens_per_group"] = float(np.mean(stats.reflection_tokens))
     if stats.rollout == "dynamic":
@@ -249,6 +275,41 @@ def _sample_record(step: int, stats) -> dict:
         rec.update(reflections=stats.reflections, branch_positions=stats.branch_positions,
                    trace=stats.trace)
     return rec
+
+
+def _train_state(xp: Experiment, model, tx, mesh):
+    """``(state, shardings, model_def)`` of a fresh run of ``xp`` (the shapes a checkpoint of it
+    restores onto)."""
+    method, exp = xp.method, xp.config
+    method_state = method.init_state(method.config) if method.init_state is not None else None
+    return create_train_state(model, tx, mesh=mesh, rules=model_rules(mesh), seed=exp.seed,
+                              reference=xp.reference, method_state=method_state)
+
+
+def trained_policy(workdir: str, *, step: int | None = None):
+    """``(model, tokenizer, step)``: the policy of the run in ``workdir`` (its ``config.json``) at
+    checkpoint ``step`` (default: the latest).
+
+    Raises:
+      ConfigError when ``workdir`` holds no run config; FileNotFoundError when it has no
+      checkpoint (at ``step``).
+    """
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--checkpoint={workdir!r} holds no run (no config.json)")
+    with open(path, encoding="utf-8") as f:
+        xp = resolve(json.load(f))
+    mesh = make_mesh(xp.config.train.mesh)
+    model, tokenizer = load_policy(xp.config.model, mesh)
+    state, shardings, model_def = _train_state(xp, model, make_optimizer(xp.config.train.optim),
+                                               mesh)
+    ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints")))
+    try:
+        state, _ = ckpt.restore(jax.eval_shape(lambda s: s, state), shardings, step=step)
+        saved = ckpt.latest_step if step is None else step
+    finally:
+        ckpt.close()
+    return model_def.merge(state.params), tokenizer, int(saved)
 
 
 def run(config, workdir: str, *, progress: bool = True) -> dict:
@@ -272,10 +333,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     mesh = make_mesh(t.mesh)
     model, tokenizer = load_policy(exp.model, mesh)
     tx = make_optimizer(t.optim)
-    method_state = method.init_state(method.config) if method.init_state is not None else None
-    state, shardings, model_def = create_train_state(
-        model, tx, mesh=mesh, rules=model_rules(mesh), seed=exp.seed, reference=xp.reference,
-        method_state=method_state)
+    state, shardings, model_def = _train_state(xp, model, tx, mesh)
     head = LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size,
                   vocab_mask=vocab_mask(tokenizer, model.config.vocab_size))
     del model  # the state owns the params now; the policy is re-merged from it each step

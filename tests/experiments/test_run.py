@@ -28,6 +28,21 @@ def test_launch_with_overrides_writes_the_run_directory(tmp_path):
         lines = [json.loads(x) for x in f]
     assert [x["step"] for x in lines] == [0, 1] and "eval_reward" in lines[0]
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "1"))
+    assert "verify_wait_seconds" in lines[1] and lines[1]["verify_worker_seconds"] > 0
+    # the evaluation command on that checkpoint: greedy pass@1 and sampled pass@k, JSON last
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", "--config=configs/grpo.py:tiny",
+         f"--checkpoint={workdir}", f"--output={tmp_path / 'eval'}", "--noprogress",
+         "--config.eval.num_examples=3", "--config.eval.num_samples=4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["num_problems"] == 3 and set(result["pass@k"]) == {"1", "2", "4"}
+    assert result["model"] == f"{workdir} (step 1)" and result["seconds"] > 0
+    with open(tmp_path / "eval" / "results.json") as f:
+        saved = json.load(f)
+    assert len(saved["problems"]) == 3 and saved["pass@1"] == result["pass@1"]
+    assert (tmp_path / "eval" / "results.md").read_text().startswith("# even_length (test split)")
 
 
 def test_wrong_key_and_missing_workdir_fail_fast(tmp_path):

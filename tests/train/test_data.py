@@ -55,3 +55,35 @@ def test_jsonl_source_and_finite_epochs(tmp_path):
         ht.read_jsonl(str(path))
     with pytest.raises(ValueError, match=r"data.batch_size=5 is not divisible by the process count 2"):
         ht.prompt_dataset(RECORDS, batch_size=5, process_count=2, process_index=0)
+
+
+def test_a_record_backed_task_is_read_in_epochs_by_step():
+    """A task with ``split_examples`` (files, HumanEval) feeds the loop through grain: step ``k``'s
+    prompts are batch ``k`` of the shuffled split, every problem once per epoch, a pure function
+    of ``(seed, step)``; extra draws (DAPO) come from a reshuffle of the step."""
+    import itertools
+
+    from hindsight.tasks import Example
+    from hindsight.train.experiment import ConfigError
+    from hindsight.train.loop import train_examples
+
+    class Records:
+        name = "records"
+
+        def split_examples(self, split):
+            assert split == "train"
+            return [Example(prompt=f"p{i}", answer=str(i)) for i in range(12)]
+
+    def step(k, count=4, take=None):
+        return [e.prompt for e in itertools.islice(
+            train_examples(Records(), seed=7, step=k, count=count), take or count)]
+
+    epoch = step(0) + step(1) + step(2)
+    assert sorted(epoch) == sorted(f"p{i}" for i in range(12))
+    assert step(1) == step(1) and step(3) != step(0)            # a new permutation next epoch
+    assert sorted(step(3) + step(4) + step(5)) == sorted(epoch)
+    longer = step(1, take=9)
+    assert longer[:4] == step(1) and len(longer) == 9            # dynamic sampling draws more
+    import pytest
+    with pytest.raises(ConfigError, match="prompts_per_step=13 exceeds the 12 problems"):
+        step(0, count=13)

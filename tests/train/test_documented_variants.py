@@ -17,12 +17,13 @@ import pytest
 from configs.base import DEFAULT_VARIANT
 from hindsight.batch import check_batch
 from hindsight.methods import REGISTRY
-from hindsight.tasks import task_names
+from hindsight.tasks import get_task, synthetic
 from hindsight.train.experiment import resolve
 from hindsight.train.loop import load_policy, preflight, rollout_step
 from hindsight.train.mesh import make_mesh
 
-SMOLLM2_VARIANTS = ["demo"] + [f"smollm2-{t}" for t in task_names()]
+SMOLLM2_VARIANTS = ["demo", "smollm2-math"] + [f"smollm2-{t}" for t in synthetic.TASKS]
+QWEN_VARIANTS = ["qwen0.5b-math", "qwen0.5b-humaneval"]
 
 
 ROLLOUT_TOKENS = 48
@@ -46,6 +47,16 @@ def test_every_smollm2_variant_passes_preflight(method, variant):
     xp, task, sampling = _resolved(method, variant)
     assert xp.config.method == method and xp.config.model.name == "smollm2-135m-instruct"
     assert sampling.max_new_tokens == xp.config.rollout.max_new_tokens
+
+
+@pytest.mark.parametrize("method", sorted(REGISTRY))
+@pytest.mark.parametrize("variant", QWEN_VARIANTS)
+def test_every_qwen_variant_resolves(method, variant):
+    """The model is optional (``make qwen``), so only the config and the task are checked."""
+    config = importlib.import_module(f"configs.{method}").get_config(variant)
+    xp = resolve(config)
+    assert xp.config.model.name == "qwen2.5-coder-0.5b-instruct"
+    get_task(xp.config.task.name, **xp.config.task.options)
 
 
 def _rollout_cases():
