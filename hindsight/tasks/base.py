@@ -6,9 +6,12 @@ went wrong, not just a number, so every verdict carries a short textual feedback
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Sequence
 from typing import Callable, Protocol
+
+from hindsight._validation import check_choice
 
 SPLITS = ("train", "test")
 
@@ -75,6 +78,30 @@ def seeded_subset(items: Sequence[Example], *, split: str, count: int, seed: int
                          f"{len(items)}")
     order = random.Random(f"{seed}:{split}").sample(range(len(items)), len(items))
     return [items[i] for i in order[:count]]
+
+
+def in_test_split(canonical: str) -> bool:
+    """Whether a generated item belongs to the ``test`` split: a stable hash of its canonical form
+    is 0 mod 5, so the splits are disjoint whatever the seeds."""
+    return int(hashlib.sha256(canonical.encode()).hexdigest(), 16) % 5 == 0
+
+
+def draw_examples(make, *, split: str, count: int, seed: int, max_tries_per_item: int = 1000) -> list[Example]:
+    """Draw ``count`` examples of ``split`` from ``make(rng) -> (canonical, Example)``."""
+    check_choice("split", split, SPLITS)
+    if not isinstance(count, int) or count < 0:
+        raise ValueError(f"`count` must be a non-negative int, got {count!r}")
+    rng = random.Random(f"{seed}:{split}")
+    out = []
+    for _ in range(count * max_tries_per_item):
+        if len(out) == count:
+            break
+        canonical, example = make(rng)
+        if in_test_split(canonical) == (split == "test"):
+            out.append(example)
+    if len(out) < count:
+        raise ValueError(f"could only draw {len(out)} of {count} {split} examples; the item space is too small")
+    return out
 
 
 _REGISTRY: dict[str, Callable[[], Task]] = {}

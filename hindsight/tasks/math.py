@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import random
 import re
@@ -26,8 +27,19 @@ import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from hindsight._validation import check_choice
-from hindsight.tasks.base import Example, Verdict, register
-from hindsight.tasks.synthetic import STYLES, _draw
+from hindsight.tasks.base import Example, Verdict, draw_examples, register
+from hindsight.tasks.synthetic import STYLES
+
+class _DropTimeoutNotice(logging.Filter):
+    """math-verify warns once per process that its timeouts are off; they are off on purpose (they
+    are signal-based and fail in the verifier's threads) and inputs are bounded here instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutNotice())
 
 MAX_ANSWER_CHARS = 200
 """Longer extracted answers are not compared: comparing grows with the length (a 200-character sum
@@ -446,7 +458,7 @@ class MathWord:
         return f"{kind}:{key}", example
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
-        return _draw(self._make, split=split, count=count, seed=seed)
+        return draw_examples(self._make, split=split, count=count, seed=seed)
 
     def verify(self, example: Example, response: str) -> Verdict:
         return verify_math(example.answer, response)

@@ -14,11 +14,10 @@ an instruction to the question (the answer and verifier do not change):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 
 from hindsight._validation import check_choice
-from hindsight.tasks.base import SPLITS, Example, Verdict, register
+from hindsight.tasks.base import Example, Verdict, draw_examples, register
 from hindsight.tasks.extract import integer_lists, last_integer, word_lists
 
 NOUNS = ("apple", "bird", "book", "car", "cat", "chair", "cloud", "cup", "dog", "door", "fish", "flower",
@@ -33,28 +32,6 @@ _STYLE_SUFFIX = {
     "reasoning": " Think step by step, then write the final answer alone on the last line.",
     "explain": " Explain your reasoning step by step, then write the final answer alone on the last line.",
 }
-
-
-def _in_test_split(canonical: str) -> bool:
-    return int(hashlib.sha256(canonical.encode()).hexdigest(), 16) % 5 == 0
-
-
-def _draw(make, *, split: str, count: int, seed: int, max_tries_per_item: int = 1000) -> list[Example]:
-    """Draw ``count`` examples of ``split`` from ``make(rng) -> (canonical, Example)``."""
-    check_choice("split", split, SPLITS)
-    if not isinstance(count, int) or count < 0:
-        raise ValueError(f"`count` must be a non-negative int, got {count!r}")
-    rng = random.Random(f"{seed}:{split}")
-    out = []
-    for _ in range(count * max_tries_per_item):
-        if len(out) == count:
-            break
-        canonical, example = make(rng)
-        if _in_test_split(canonical) == (split == "test"):
-            out.append(example)
-    if len(out) < count:
-        raise ValueError(f"could only draw {len(out)} of {count} {split} examples; the item space is too small")
-    return out
 
 
 def _fmt(items) -> str:
@@ -94,7 +71,7 @@ class ReverseWords:
         return _fmt(words), Example(prompt=prompt, answer=answer, data=tuple(words))
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
-        return _draw(self._make, split=split, count=count, seed=seed)
+        return draw_examples(self._make, split=split, count=count, seed=seed)
 
     def verify(self, example: Example, response: str) -> Verdict:
         return _last_list_verdict(list(reversed(example.data)), word_lists(response, set(NOUNS)),
@@ -132,7 +109,7 @@ class CountLetters(_IntegerAnswer):
         return f"{word}:{letter}", Example(prompt=prompt, answer=str(word.count(letter)), data=(word, letter))
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
-        return _draw(self._make, split=split, count=count, seed=seed)
+        return draw_examples(self._make, split=split, count=count, seed=seed)
 
 
 @register("arithmetic")
@@ -158,7 +135,7 @@ class Arithmetic(_IntegerAnswer):
         return f"{a}{op}{b}", Example(prompt=prompt, answer=str(value), data=(a, op, b))
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
-        return _draw(self._make, split=split, count=count, seed=seed)
+        return draw_examples(self._make, split=split, count=count, seed=seed)
 
 
 @register("sort_numbers")
@@ -182,7 +159,7 @@ class SortNumbers:
         return _fmt(nums), Example(prompt=prompt, answer=_fmt(sorted(nums)), data=tuple(nums))
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
-        return _draw(self._make, split=split, count=count, seed=seed)
+        return draw_examples(self._make, split=split, count=count, seed=seed)
 
     def verify(self, example: Example, response: str) -> Verdict:
         return _last_list_verdict(sorted(example.data), integer_lists(response), what="numbers")
@@ -212,7 +189,7 @@ class EvenLength:
         return f"{noun}:{number}", Example(prompt=prompt, answer="even", data=(noun, number))
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
-        return _draw(self._make, split=split, count=count, seed=seed)
+        return draw_examples(self._make, split=split, count=count, seed=seed)
 
     def verify(self, example: Example, response: str) -> Verdict:
         n = len(response.strip())
