@@ -46,7 +46,7 @@ _SPLITS_CACHE: dict[tuple, dict[str, list[Example]]] = {}
 share an entry."""
 
 
-def _read_records(path: str) -> list[tuple[str, object]]:
+def read_records(path: str) -> list[tuple[str, object]]:
     """``(where, record)`` for every record of a JSONL (blank lines skipped) or Parquet file;
     ``where`` names the file and the line or record number for errors."""
     if path.endswith(".parquet"):
@@ -248,7 +248,7 @@ class DatasetTask:
         key = (self, stat.st_mtime_ns, stat.st_size)
         if key not in _SPLITS_CACHE:
             splits = {split: [] for split in SPLITS}
-            for where, record in _read_records(self.path):
+            for where, record in read_records(self.path):
                 split, example = self._example(where, record)
                 splits[split].append(example)
             _SPLITS_CACHE[key] = splits

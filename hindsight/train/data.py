@@ -15,7 +15,6 @@ processes of global batch ``k`` is the same set of records whatever the process 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 
 import grain
@@ -40,16 +39,10 @@ class DataConfig:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """Records of a JSONL file (blank lines skipped); errors name the line."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-    return records
+    """Records of a JSONL file (blank lines skipped); errors name the line
+    (:func:`hindsight.tasks.dataset.read_records`, the one reader of record files)."""
+    from hindsight.tasks.dataset import read_records
+    return [record for _, record in read_records(path)]
 
 
 def prompt_batches(records: Sequence, *, batch_size: int, seed: int = 0, shuffle: bool = True,

@@ -51,7 +51,7 @@ def test_jsonl_source_and_finite_epochs(tmp_path):
     assert [ids(b) for b in ht.make_data_iterator(cfg, process_index=0, process_count=1)] == [
         [0, 1, 2], [3, 4, 5]]
     path.write_text('{"id": 1}\nnot json\n')
-    with pytest.raises(ValueError, match=r"prompts.jsonl:2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"prompts.jsonl, line 2: not valid JSON"):
         ht.read_jsonl(str(path))
     with pytest.raises(ValueError, match=r"data.batch_size=5 is not divisible by the process count 2"):
         ht.prompt_dataset(RECORDS, batch_size=5, process_count=2, process_index=0)
