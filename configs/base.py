@@ -17,6 +17,8 @@ Variants (the part after ``:``):
   * ``demo``: what ``make demo`` runs per method: a few steps, minutes on 2 CPU cores.
   * ``tiny``: the 2-layer random ``tiny-random`` model on ``even_length`` (which it solves about
     half the time, so every method gets a gradient), seconds per step (tests, smoke runs).
+  * ``tiny-textgame``: ``tiny-random`` playing 3-turn episodes of the ``textgame`` environment
+    (methods on the ``group`` rollout without teacher contexts; HDL on episodes is not built yet).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from hindsight.tasks import synthetic
 from hindsight.train.experiment import ExperimentConfig
 
 VARIANTS = ("smollm2-<task>", "smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval", "demo",
-            "tiny")
+            "tiny", "tiny-textgame")
 DEFAULT_VARIANT = "smollm2-count_letters"
 
 
@@ -147,6 +149,17 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.eval.update(num_examples=4, every=0)
         if hdl:
             config.method_config.update(tail_guard=2, min_gap_floor=2)
+    elif variant == "tiny-textgame":
+        # episodes in the test environment: the random model mostly writes invalid actions, so
+        # rewards are rare; this variant exercises the episode path end to end in seconds
+        config.model.name = "tiny-random"
+        config.task.name = "textgame"
+        config.rollout.update(prompts_per_step=2, max_new_tokens=16, slots=8, max_turns=3,
+                              episode_tokens=384)
+        config.rollout.group_size = 2
+        config.train.update(num_steps=2, save_every=2)
+        config.train.optim.update(name="sgd", learning_rate=0.1)
+        config.eval.update(num_examples=2, every=0)
     elif variant == "demo":
         _smollm2_sampling(config, "count_letters")
         config.rollout.update(prompts_per_step=2, max_new_tokens=96, slots=32,

@@ -10,12 +10,14 @@
 * :mod:`~hindsight.rollout.assemble` — rows -> batch (``target_index``, bucketed widths, contexts).
 * :mod:`~hindsight.rollout.verification` — the :class:`Verifier`: responses checked in worker
   threads while the engine keeps decoding.
+* :mod:`~hindsight.rollout.episodes` — multi-turn episodes in environments, each turn continued
+  from the row's cache.
 * :func:`collect` — the entry point, dispatching on the method's ``rollout`` and ``contexts``.
 """
 from hindsight.rollout.assemble import GroupRows, assemble, context_arrays, context_logprobs
 from hindsight.rollout.branching import (TreeLayout, choose_branch_points, tree_advantages,
                                          tree_layout)
-from hindsight.rollout.collect import SHAPES, RolloutConfig, RolloutStats, collect
+from hindsight.rollout.collect import SHAPES, EpisodeOptions, RolloutConfig, RolloutStats, collect
 from hindsight.rollout.dynamic import sample_dynamic
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeInfo, TreeOptions, sample_trees
@@ -24,7 +26,7 @@ from hindsight.rollout.prompts import (Templates, hindsight_context, policy_prom
 from hindsight.rollout.verification import Verifier
 
 __all__ = [
-    "SHAPES", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
+    "SHAPES", "EpisodeOptions", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
     "TreeOptions", "Verifier", "assemble", "choose_branch_points", "collect", "context_arrays",
     "context_logprobs", "hindsight_context", "policy_prompt", "probe_context",
     "reflection_turn", "sample_dynamic", "sample_groups", "sample_trees", "teacher_context",

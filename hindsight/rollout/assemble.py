@@ -39,6 +39,12 @@ class GroupRows:
       texts: decoded responses; feedback: the verifier's feedback per row.
       generated_tokens: tokens sampled for this group (reflections included).
       hindsight: per-row hindsight context ids (HDL trees only).
+      row_prompts: per-row policy prompts where they differ within the group (episodes: the first
+        observation is part of the prompt), else None (every row's is ``prompt``).
+      turn_ids: episodes, ``[G, T]`` int32 turn index on action tokens, -1 elsewhere.
+      turn_rewards: episodes, ``[G, K]`` float32 step reward of each turn (0 past the last).
+      num_turns: episodes, ``[G]`` int32 actions taken. statuses: episodes, how each ended
+        (:data:`hindsight.rollout.episodes.STATUSES`).
     """
     example: Example
     example_index: int
@@ -54,6 +60,11 @@ class GroupRows:
     generated_tokens: int
     feedback: list[str] = dataclasses.field(default_factory=list)
     hindsight: list[np.ndarray] | None = None
+    row_prompts: list[np.ndarray] | None = None
+    turn_ids: np.ndarray | None = None
+    turn_rewards: np.ndarray | None = None
+    num_turns: np.ndarray | None = None
+    statuses: list[str] | None = None
 
     @property
     def size(self) -> int:
@@ -102,16 +113,23 @@ def assemble(groups: Sequence[GroupRows], advantages: np.ndarray, rewards: np.nd
     """
     tokens = np.concatenate([g.tokens for g in groups])
     lengths = np.concatenate([g.lengths for g in groups])
-    prompts = [g.prompt for g in groups for _ in range(g.size)]
+    prompts = [p for g in groups for p in (g.row_prompts or [g.prompt] * g.size)]
     policy = context_arrays(prompts, tokens, lengths)
     extra = {name: context_arrays(ctx, tokens, lengths) for name, ctx in (contexts or {}).items()}
     index = policy.pop("target_index")
-    return build_batch(
+    episodes = [g.turn_ids is not None for g in groups]
+    if any(episodes) and not all(episodes):
+        raise ValueError("a batch mixes episode groups and single-turn groups")
+    batch = build_batch(
         **policy, targets=tokens, target_index=index,
         mask=np.concatenate([g.loss_mask for g in groups]).astype(np.float32),
         logp_old=np.concatenate([g.policy_logprobs for g in groups]).astype(np.float32),
         advantages=np.asarray(advantages, np.float32), rewards=np.asarray(rewards, np.float32),
         contexts=extra)
+    if all(episodes):
+        batch["turn_id"] = np.concatenate([g.turn_ids for g in groups]).astype(np.int32)
+        batch["turn_rewards"] = np.concatenate([g.turn_rewards for g in groups]).astype(np.float32)
+    return batch
 
 
 @nnx.jit(static_argnames=("context", "temperature"))

@@ -11,6 +11,7 @@ contexts its ``contexts`` name. Everything is checked before anything is compile
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 
@@ -23,12 +24,14 @@ from hindsight.objectives import group_advantages
 from hindsight.rollout.assemble import GroupRows, assemble
 from hindsight.rollout.branching import tree_advantages
 from hindsight.rollout.dynamic import sample_dynamic
+from hindsight.rollout.episodes import EpisodeOptions, play
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeOptions, sample_trees
 from hindsight.rollout.prompts import Templates, probe_context, teacher_context
 from hindsight.rollout.runtime import PhaseClock, with_eos
 from hindsight.rollout.verification import Verifier
 from hindsight.sampling import SamplingParams
+from hindsight.tasks import EpisodeTask
 
 SHAPES = ("group", "dynamic", "hdl_tree")
 
@@ -46,6 +49,7 @@ class RolloutConfig:
       num_sample_texts: decoded responses kept in the stats.
       verify_workers: threads checking responses while the engine decodes (0: inline, in the
         engine's result callbacks; :mod:`hindsight.rollout.verification`).
+      episodes: how an episode task is played (:class:`EpisodeOptions`).
     """
     slots: int | None = None
     chunk_steps: int = 16
@@ -54,6 +58,11 @@ class RolloutConfig:
     tree: TreeOptions = TreeOptions()
     templates: Templates = Templates()
     num_sample_texts: int = 4
+    episodes: "EpisodeOptions" = None
+
+    def __post_init__(self):
+        if self.episodes is None:
+            object.__setattr__(self, "episodes", EpisodeOptions())
 
 
 @dataclasses.dataclass
@@ -80,6 +89,8 @@ class RolloutStats:
       branch_positions: HDL, per group ``[R][K]`` points (-1: fresh rollouts instead).
       branch_sources: HDL, per group and root, the selection step used.
       sample_texts, reflections: a few decoded responses / reflections.
+      turns_per_episode: episodes, mean actions per episode; episode_statuses: how many episodes
+        ended each way (:data:`hindsight.rollout.episodes.STATUSES`).
       engines: per engine (``main``; HDL adds ``reflection``): ``occupancy`` (fraction of slot-steps
         that decoded an active row), ``steps``, ``chunks``, ``prefills``, ``moves``, and host /
         device seconds (``refill_s``, ``decode_s``, ``harvest_s``).
@@ -110,12 +121,14 @@ class RolloutStats:
     engines: dict = dataclasses.field(default_factory=dict)
     verifier_errors: int = 0
     verify_worker_seconds: float = 0.0
+    turns_per_episode: float | None = None
+    episode_statuses: dict = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def _check(method: Method, examples, sampling: SamplingParams, num_groups):
+def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=None):
     if not isinstance(method, Method):
         raise TypeError(f"`method` must be a configured hindsight.methods.Method (get_method(name)"
                         f".configure(...)), got {type(method).__name__}")
@@ -134,6 +147,11 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups):
             raise ValueError(f"method {method.name!r} reads the 'hindsight' context, which only "
                              f"the 'hdl_tree' rollout produces (its rollout is {method.rollout!r})")
     check_temperature(config, sampling.temperature, "the sampling temperature")
+    if isinstance(task, EpisodeTask) and (method.rollout != "group" or method.contexts):
+        raise ValueError(f"task {task.name!r} is played as episodes, which run the 'group' rollout "
+                         f"with the policy context only; method {method.name!r} asks for rollout "
+                         f"{method.rollout!r} and contexts {list(method.contexts)} (HDL trees and "
+                         f"teacher contexts on episodes are not built yet)")
     if method.rollout == "dynamic":
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"dynamic sampling needs `num_groups` (mixed groups wanted), a "
@@ -210,14 +228,21 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
       sampling / loss temperature mismatch, or a context the examples cannot provide (e.g. no
       reference answer).
     """
-    _check(method, examples, sampling, num_groups)
+    _check(method, examples, sampling, num_groups, task)
     config, g = method.config, method.group_size
     params = with_eos(sampling, tokenizer) if rollout.stop_at_eos else sampling
     clock = PhaseClock()
-    with Verifier(task, tokenizer, workers=rollout.verify_workers) as verifier:
-        groups, rewards, advantages, extra = _sample(method, model, tokenizer, verifier, examples,
-                                                     key=key, params=params, rollout=rollout,
-                                                     num_groups=num_groups, clock=clock)
+    if isinstance(task, EpisodeTask):
+        verifier = _NO_VERIFIER
+        groups, rewards, advantages, extra = _play(method, model, tokenizer, task, examples,
+                                                   key=key, params=params, rollout=rollout,
+                                                   clock=clock)
+    else:
+        with Verifier(task, tokenizer, workers=rollout.verify_workers) as verifier:
+            groups, rewards, advantages, extra = _sample(method, model, tokenizer, verifier,
+                                                         examples, key=key, params=params,
+                                                         rollout=rollout, num_groups=num_groups,
+                                                         clock=clock)
     lengths = np.concatenate([grp.lengths for grp in groups])
     train_rewards = rewards
     if method.shape_rewards is not None:
@@ -236,6 +261,27 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
         sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts], **extra)
     return batch, stats
+
+
+class _NoVerifier:
+    errors, worker_seconds = 0, 0.0
+
+
+_NO_VERIFIER = _NoVerifier()
+
+
+def _play(method: Method, model, tokenizer, task, examples, *, key, params: SamplingParams,
+          rollout: RolloutConfig, clock: PhaseClock):
+    """An episode task's groups: ``G`` episodes per example, one environment worker each."""
+    groups, played = play(model, tokenizer, task, examples, key=key, params=params,
+                          group_size=method.group_size, options=rollout.episodes,
+                          slots=rollout.slots, chunk_steps=rollout.chunk_steps, clock=clock)
+    rewards = np.concatenate([grp.rewards for grp in groups])
+    statuses = collections.Counter(ep.status for eps in played for ep in eps)
+    extra = dict(turns_per_episode=float(np.mean([len(ep.actions) for eps in played
+                                                  for ep in eps])),
+                 episode_statuses=dict(statuses))
+    return groups, rewards, None, extra
 
 
 def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, key,

@@ -63,17 +63,30 @@ def reflection_turn(tokenizer, example: Example, feedback: str, *,
     Raises ValueError if the tokenizer's chat template does not render a conversation as the
     prompt of its first turn followed by the answer (then no suffix continues an answer).
     """
+    return followup_turn(tokenizer, templates.reflection.format(feedback=feedback),
+                         first=example.prompt)
+
+
+def followup_turn(tokenizer, user: str, *, first: str = "question") -> list[int]:
+    """Token ids that end an assistant answer and open the user turn ``user`` with the generation
+    prompt: what continues a conversation from an answer's cache (a reflection request, an
+    environment's observation). ``first`` is the first user turn the template is rendered with
+    (templates do not depend on it past the answer). An answer that already ended its turn
+    (sampled the turn-end token the ids start with) takes them from the second id on.
+
+    Raises ValueError if the tokenizer's chat template does not render a conversation as the
+    prompt of its first turn followed by the answer (then no suffix continues an answer).
+    """
     sentinel = "\x00ATTEMPT\x00"
-    messages = [{"role": "user", "content": example.prompt}]
+    messages = [{"role": "user", "content": first}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     whole = tokenizer.apply_chat_template(
-        messages + [{"role": "assistant", "content": sentinel},
-                    {"role": "user", "content": templates.reflection.format(feedback=feedback)}],
+        messages + [{"role": "assistant", "content": sentinel}, {"role": "user", "content": user}],
         add_generation_prompt=True, tokenize=False)
     if not whole.startswith(prompt + sentinel) or whole.count(sentinel) != 1:
         raise ValueError("the tokenizer's chat template does not render a conversation as its first "
-                         "turn's prompt followed by the answer; HDL's reflection call needs one "
-                         "that does")
+                         "turn's prompt followed by the answer; continuing an answer from its cache "
+                         "(reflections, episode turns) needs one that does")
     return [int(i) for i in tokenizer.encode(whole[len(prompt + sentinel):], add_special_tokens=False)]
 
 

@@ -88,7 +88,12 @@ class PhaseClock:
         submit more work to any engine, or rows to ``verifier``). Between steps the finished
         checks' callbacks run (host time not inside one of their own phases goes to ``verify``);
         when every engine is idle and checks are out, the wait for the oldest is ``verify_wait``.
-        Each engine's decode time and statistics are recorded under its ``name``."""
+        Each engine's decode time and statistics are recorded under its ``name``.
+
+        ``verifier`` is anything with ``pending``, ``wait() -> seconds`` and ``deliver()``: a
+        :class:`~hindsight.rollout.verification.Verifier`, or the episode runner's environment
+        replies, whose ``phase`` attribute (default ``"verify"``) names the two phases
+        (``env`` / ``env_wait``)."""
         names = [getattr(e, "name", "engine") for e in engines]
         stats_before = [collections.Counter(getattr(e, "stats", {})) for e in engines]
         while not all(e.idle for e in engines) or (verifier is not None and verifier.pending):
@@ -105,11 +110,12 @@ class PhaseClock:
                 made.subtract(tokens)
                 self.engine_tokens.setdefault(name, collections.Counter()).update(made)
             if verifier is not None and verifier.pending:
+                phase = getattr(verifier, "phase", "verify")
                 if all(e.idle for e in engines):
-                    self.host["verify_wait"] += verifier.wait()
+                    self.host[f"{phase}_wait"] += verifier.wait()
                 start, host = time.perf_counter(), sum(self.host.values())
                 verifier.deliver()
-                self.host["verify"] += time.perf_counter() - start - (
+                self.host[phase] += time.perf_counter() - start - (
                     sum(self.host.values()) - host)
         for engine, name, old in zip(engines, names, stats_before):
             new = collections.Counter(getattr(engine, "stats", {}))

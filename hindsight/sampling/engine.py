@@ -128,6 +128,8 @@ class _Request:
     parents: np.ndarray
     branch_positions: np.ndarray
     keep_cache: bool
+    stop_check: Callable | None = None     # stop_check(response ids) -> length to cut at, or None
+    stop_hit: np.ndarray | None = None     # [n] a row ended on ``stop_check``
     caches: list | None = None             # the caches the rows' prefix K/V are copied from, once known
     cache_of: np.ndarray | None = None     # [n] each row's index into ``caches``
     source_rows: np.ndarray | None = None  # [n] each row's row in its cache
@@ -141,6 +143,13 @@ class _Request:
     out_pos: np.ndarray | None = None
     archive: object = None      # the rows' kept cache, copied out of the slot batch
     final: DecodeState | None = None  # or the whole final slot batch, taken over
+
+
+def _checked_stop(stop_check):
+    if stop_check is not None and not callable(stop_check):
+        raise TypeError(f"`stop_check` must be callable (response ids -> cut length or None), got "
+                        f"{type(stop_check).__name__}")
+    return stop_check
 
 
 class Engine:
@@ -181,17 +190,26 @@ class Engine:
         self._branches: collections.deque[_Request] = collections.deque()
         self._owner = [None] * self.slots  # (request, row) per slot
         self._state = None
-        # chunks, prefills, moves; steps (decode steps run), row_steps (tokens decoded: steps x
-        # active rows); refill_s / decode_s / harvest_s
+        # chunks, prefills, moves, extends; prefill_tokens / extend_tokens (prompt and follow-up
+        # turn tokens computed: the cache reuse shows as few of them); steps (decode steps run),
+        # row_steps (tokens kept: steps x active rows), stop_dropped_tokens (decoded past a stop
+        # string within a chunk); refill_s / decode_s / harvest_s / extend_s
         self.stats = collections.Counter()
 
     # ----------------------------------------------------------------------------- submission
     def submit(self, prompt, *, num_samples: int = 1, key=None, row_keys=None, max_new_tokens=None,
-               stop_tokens=None, keep_cache: bool = False, tag=None) -> int:
+               stop_tokens=None, stop_check: Callable | None = None, keep_cache: bool = False,
+               tag=None) -> int:
         """Queue ``num_samples`` rows of one prompt (prefilled once when first scheduled).
 
-        ``keep_cache=True`` keeps the rows' caches in the result so it can be branched. Returns the
-        request id (also on the result as ``tag`` if none is given).
+        ``keep_cache=True`` keeps the rows' caches in the result so it can be branched or extended.
+        ``stop_check(response_ids) -> int | None`` ends a row at a stop *string*
+        (:class:`hindsight.sampling.text.StopStrings`): called on each decoding row's response
+        after every chunk, it returns the length to cut the response to (the tokens up to the one
+        that completes the string) or None; the result's ``stopped`` is True for such rows. Tokens
+        decoded past the cut in the same chunk are dropped (their cache slots are rewritten before
+        they are ever read). Returns the request id (also on the result as ``tag`` if none is
+        given).
         """
         (seq,) = inputs.token_lists("prompt", [prompt], vocab_size=self.vocab)
         n = int(num_samples)
@@ -205,9 +223,10 @@ class Engine:
         keys = inputs.row_keys(key, row_keys, n)
         stops = inputs.stop_table(stop_tokens, n, default=self.params.stop_tokens, vocab_size=self.vocab)
         return self._submit_prompts([seq], n, max_new=max_new, keys=keys, stops=stops,
-                                    keep_cache=keep_cache, tag=tag)
+                                    keep_cache=keep_cache, tag=tag, stop_check=stop_check)
 
-    def _submit_prompts(self, seqs, num_samples: int, *, max_new, keys, stops, keep_cache, tag=None) -> int:
+    def _submit_prompts(self, seqs, num_samples: int, *, max_new, keys, stops, keep_cache, tag=None,
+                        stop_check=None) -> int:
         """Queue one request of ``num_samples`` rows per prompt of ``seqs`` (validated int32 arrays
         that fit with their ``max_new [P*G]``; ``keys [P*G]`` typed, ``stops [P*G, K]``); rows
         ``[p*G, (p+1)*G)`` are prompt p's, each prompt prefilled once. `submit` is the one-prompt
@@ -219,6 +238,7 @@ class Engine:
                             plen=plen, starts=plen - 1, max_new=max_new, keys=keys, stops=stops,
                             keep_cache=keep_cache)
         req.prompts, req.prompt_of = list(seqs), index
+        req.stop_check = _checked_stop(stop_check)
         self._prompts.append(req)
         return req.rid
 
@@ -260,7 +280,8 @@ class Engine:
         return req.rid
 
     def submit_extend(self, rollouts: Rollouts, rows, suffixes, *, max_new_tokens=None, key=None,
-                      row_keys=None, stop_tokens=None, keep_cache: bool = False, tag=None) -> int:
+                      row_keys=None, stop_tokens=None, stop_check: Callable | None = None,
+                      keep_cache: bool = False, tag=None) -> int:
         """Queue one row per ``rows[i]`` whose prompt is that row's whole sequence in ``rollouts``
         (prompt + response) followed by ``suffixes[i]``: a follow-up turn after a sampled answer,
         e.g. a request to reflect on it. The row's cached K/V are reused (copied, as a branch's
@@ -273,6 +294,7 @@ class Engine:
           rows: ``[N]`` rows of ``rollouts``; suffixes: N non-empty token sequences.
           max_new_tokens: int or ``[N]`` (default: the params' cap); sequence + suffix + it must
             fit in ``max_len``.
+          stop_check: as in :meth:`submit`, on the new turn's tokens.
         The result's ``prompt_lengths`` count the sequence and the suffix; ``parents`` are ``rows``.
         """
         if rollouts.state.tokens.shape[1] != self.max_len:
@@ -316,9 +338,11 @@ class Engine:
         cache = extend(self.graphdef, self.weights, cache, jnp.asarray(feed), jnp.asarray(positions))
         jax.block_until_ready(cache)
         self.stats["extends"] += 1
+        self.stats["extend_tokens"] += int((plen - length).sum())
         self.stats["extend_s"] += time.perf_counter() - t0
         req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, keys=keys,
                             stops=stops, keep_cache=keep_cache)
+        req.stop_check = _checked_stop(stop_check)
         req.parents = src
         req.caches, req.cache_of, req.source_rows = [cache], np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
         self._branches.append(req)  # like branches: they finish trees, and hold a cache
@@ -460,6 +484,7 @@ class Engine:
             cache = prefill(self.graphdef, self.weights, jnp.asarray(tokens), max_len=self.max_len,
                             cache_dtype=self.cache_dtype)
             self.stats["prefills"] += 1
+            self.stats["prefill_tokens"] += sum(p.size for _, _, p in batch)
             for j, (r, i, _) in enumerate(batch):
                 rows = r.prompt_of == i
                 if not r.caches or r.caches[-1] is not cache:
@@ -474,6 +499,7 @@ class Engine:
         self._host = {k: np.array(v) for k, v in host._asdict().items() if k != "cache"}
         seq, lp, plp = self._host["tokens"], self._host["logprobs"], self._host["policy_logprobs"]
         pos, active = self._host["pos"], self._host["active"]
+        self._check_stops(seq, pos, active)
         finished = collections.defaultdict(list)
         for slot, owner in enumerate(self._owner):
             if owner is not None and not active[slot]:
@@ -508,6 +534,30 @@ class Engine:
                 done.append((req.tag, self._result(req)))
         return done
 
+    def _check_stops(self, seq, pos, active) -> None:
+        """End rows whose request's ``stop_check`` finds a stop string in this chunk's tokens
+        (rows that finished inside the chunk included: the string may come before their stop
+        token), cutting ``pos`` back to the token that completes it."""
+        for slot, owner in enumerate(self._owner):
+            if owner is None or owner[0].stop_check is None:
+                continue
+            req, row = owner
+            start = int(req.prompt_lengths[row])
+            if req.stop_hit is not None and req.stop_hit[row]:
+                continue
+            cut = req.stop_check(seq[slot, start:pos[slot] + 1])
+            if cut is None:
+                continue
+            if not 1 <= cut <= pos[slot] + 1 - start:
+                raise ValueError(f"stop_check returned {cut} for a response of "
+                                 f"{pos[slot] + 1 - start} tokens")
+            if req.stop_hit is None:
+                req.stop_hit = np.zeros(req.n, bool)
+            req.stop_hit[row] = True
+            self.stats["stop_dropped_tokens"] += int(pos[slot] - (start + cut - 1))
+            pos[slot], active[slot] = start + cut - 1, False
+            self._host["last"][slot] = seq[slot, pos[slot]]
+
     def _result(self, req: _Request) -> Rollouts:
         """The finished request's rows as a `Rollouts` (responses cut out of the sequences)."""
         n, seq, pos, plen = req.n, req.out_seq, req.out_pos, req.prompt_lengths
@@ -517,6 +567,8 @@ class Engine:
         mask = np.arange(t_max)[None, :] < lengths[:, None]
         take = lambda a, dtype: np.where(mask, np.take_along_axis(a, idx, axis=1), 0).astype(dtype)
         stopped = np.any(seq[np.arange(n), pos][:, None] == req.stops, axis=-1)
+        if req.stop_hit is not None:
+            stopped |= req.stop_hit
         state = req.final
         if state is None:
             bb = pow2_bucket(n)

@@ -19,7 +19,7 @@ __all__ = ["Rollouts", "generate"]
 
 
 def generate(model, prompts, params: SamplingParams, *, key=None, row_keys=None, num_samples: int = 1,
-             max_new_tokens=None, stop_tokens=None, max_len: int | None = None,
+             max_new_tokens=None, stop_tokens=None, stop_check=None, max_len: int | None = None,
              cache_dtype=None) -> Rollouts:
     """Sample ``num_samples`` responses per prompt; each prompt is prefilled once.
 
@@ -33,6 +33,8 @@ def generate(model, prompts, params: SamplingParams, *, key=None, row_keys=None,
       num_samples: G rows per prompt; output rows ``[p*G, (p+1)*G)`` belong to prompt p.
       max_new_tokens: int or ``[P*G]`` per-row caps (default ``params.max_new_tokens``).
       stop_tokens: None (``params.stop_tokens``), one id sequence for all rows, or P*G sequences.
+      stop_check: a stop-string check (:class:`hindsight.sampling.text.StopStrings`), see
+        :meth:`hindsight.sampling.engine.Engine.submit`.
       max_len: fixed cache length (default: bucketed from the prompt and max new tokens); a prompt
         plus its max new tokens must fit.
       cache_dtype: KV-cache dtype (default the model's compute dtype).
@@ -57,8 +59,11 @@ def generate(model, prompts, params: SamplingParams, *, key=None, row_keys=None,
                          f"cache length max_len={m}")
     stops = inputs.stop_table(stop_tokens, rows, default=params.stop_tokens, vocab_size=vocab)
     keys = inputs.row_keys(key, row_keys, rows)
-    # one slot per row, and a chunk long enough for any row (none runs past the cache)
-    engine = Engine(model, params, slots=rows, max_len=m, chunk_steps=m, cache_dtype=cache_dtype)
-    engine._submit_prompts(seqs, g, max_new=max_new, keys=keys, stops=stops, keep_cache=True)
+    # one slot per row, and a chunk long enough for any row (none runs past the cache); with a
+    # stop-string check, chunks of 16 steps so that rows end soon after their string
+    engine = Engine(model, params, slots=rows, max_len=m, chunk_steps=16 if stop_check else m,
+                    cache_dtype=cache_dtype)
+    engine._submit_prompts(seqs, g, max_new=max_new, keys=keys, stops=stops, keep_cache=True,
+                           stop_check=stop_check)
     (out,) = engine.run().values()
     return out

@@ -21,7 +21,8 @@ class TextSample:
 
     Attributes:
       text: decoded response, cut before the first stop string (special tokens skipped).
-      token_ids: ``[n]`` the generated ids (up to and including a stop token; not cut at stop strings).
+      token_ids: ``[n]`` the generated ids (up to and including a stop token, or the token that
+        completes a stop string).
       logprobs: ``[n]`` sampled-distribution log-probs; policy_logprobs: ``[n]`` untruncated ones at the sampling temperature.
       finish_reason: "stop_token", "stop_string" or "length".
     """
@@ -49,6 +50,39 @@ def encode_prompt(tokenizer, prompt, *, chat: bool = True, system: str | None = 
     return [int(i) for i in ids]
 
 
+class StopStrings:
+    """A stop check for the engine (:meth:`hindsight.sampling.engine.Engine.submit`'s
+    ``stop_check``): ends a response at the first token whose decoded text completes one of
+    ``strings`` (e.g. ``"</action>"``, however the tokenizer splits it).
+
+    ``check(ids)`` returns the number of leading ``ids`` to keep (through the token completing
+    the earliest stop string) or None. The engine calls it after every decode chunk, so the
+    string is usually among the last few tokens: the cut is found scanning back from the end.
+    """
+
+    def __init__(self, tokenizer, strings: Sequence[str]):
+        if isinstance(strings, str):
+            raise TypeError("`strings` must be a sequence of strings, got a single string")
+        strings = tuple(strings)
+        if not strings or not all(isinstance(x, str) and x for x in strings):
+            raise ValueError(f"`strings` must hold non-empty strings, got {strings!r}")
+        self.tokenizer, self.strings = tokenizer, strings
+
+    def _text(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def _hit(self, text: str) -> bool:
+        return any(x in text for x in self.strings)
+
+    def __call__(self, ids) -> int | None:
+        n = len(ids)
+        if not n or not self._hit(self._text(ids)):
+            return None
+        while n > 1 and self._hit(self._text(ids[: n - 1])):
+            n -= 1
+        return n
+
+
 def _cut(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]:
     hits = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
     return (text[: min(hits)], True) if hits else (text, False)
@@ -63,8 +97,8 @@ def generate_text(model, tokenizer, prompts: Sequence, params: SamplingParams | 
     Args:
       prompts: strings (user turns) or message lists.
       params: `SamplingParams` (default: temperature 1, 64 new tokens).
-      stop_strings: responses are cut before the first occurrence (checked on the decoded text after
-        generation, so a row may run past a stop string up to its max new tokens).
+      stop_strings: a row ends at the token that completes one (:class:`StopStrings`, checked while
+        decoding); its text is cut before the string.
       stop_at_eos: add the tokenizer's ``eos_token_id`` to the stop tokens.
     Returns:
       ``[P][num_samples]`` `TextSample`s.
@@ -75,8 +109,9 @@ def generate_text(model, tokenizer, prompts: Sequence, params: SamplingParams | 
     ids = [encode_prompt(tokenizer, p, chat=chat, system=system) for p in prompts]
     eos = getattr(tokenizer, "eos_token_id", None)
     stops = tuple(params.stop_tokens) + ((eos,) if stop_at_eos and eos is not None and eos not in params.stop_tokens else ())
+    check = StopStrings(tokenizer, stop_strings) if stop_strings else None
     out = generate(model, ids, dataclasses.replace(params, stop_tokens=stops), key=key,
-                   num_samples=num_samples, max_len=max_len)
+                   num_samples=num_samples, max_len=max_len, stop_check=check)
     samples = []
     for b in range(out.num_rows):
         n = int(out.lengths[b])

@@ -9,6 +9,8 @@ target, gate and credit is stop-gradient'ed; masked positions give 0; losses ret
 * :mod:`~hindsight.signals.counterfactual` — CRAFT credit, CTI loss, controller, polarised KL (§4).
 * :mod:`~hindsight.signals.pmi` — OPSD-PMI purified target and JSD loss (§5).
 * :mod:`~hindsight.signals.barycenter` — DemoPSD geometric target, disagreement alpha, loss (§6).
+* :mod:`~hindsight.signals.turns` — segment reductions over the turns of multi-turn rows
+  (``turn_id``, other-methods §0): turn sums / means, broadcast back to tokens, min-max.
 """
 from hindsight.signals._common import LOGP_TARGET_FLOOR
 from hindsight.signals.barycenter import (barycenter_kl_from_logprobs, barycenter_loss,
@@ -27,6 +29,8 @@ from hindsight.signals.persistence import (PersistenceStats, pcsd_loss, persiste
                                            persistence_stats_from_gap)
 from hindsight.signals.pmi import (pmi_jsd_from_logprobs, pmi_loss, pmi_target,
                                    pmi_target_from_logprobs)
+from hindsight.signals.turns import (to_tokens, trajectory_minmax, turn_mean, turn_sums,
+                                     turn_valid)
 
 __all__ = [
     "BRANCH_COUNTS", "LOGP_TARGET_FLOOR", "ControllerState", "PersistenceStats",
@@ -37,5 +41,6 @@ __all__ = [
     "hindsight_divergence_from_logprobs", "pcsd_loss", "persistence_gate",
     "persistence_gate_from_gap", "persistence_loss", "persistence_stats_from_gap",
     "pmi_jsd_from_logprobs", "pmi_loss", "pmi_target", "pmi_target_from_logprobs", "polarised_kl",
-    "reverse_k3", "select_branch_points",
+    "reverse_k3", "select_branch_points", "to_tokens", "trajectory_minmax", "turn_mean",
+    "turn_sums", "turn_valid",
 ]

@@ -9,8 +9,9 @@ import dataclasses
 import hashlib
 import random
 from collections.abc import Sequence
-from typing import Callable, Protocol
+from typing import Protocol
 
+from hindsight._registry import Registry
 from hindsight._validation import check_choice
 
 SPLITS = ("train", "test")
@@ -104,25 +105,18 @@ def draw_examples(make, *, split: str, count: int, seed: int, max_tries_per_item
     return out
 
 
-_REGISTRY: dict[str, Callable[[], Task]] = {}
+_TASKS = Registry("task")
 
 
 def register(name: str):
     """Class decorator adding a task factory to the registry under ``name``."""
-    def deco(cls):
-        if name in _REGISTRY:
-            raise ValueError(f"task {name!r} is already registered")
-        _REGISTRY[name] = cls
-        return cls
-    return deco
+    return _TASKS.register(name)
 
 
 def get_task(name: str, **kwargs) -> Task:
     """Instantiate a registered task; unknown names list what is available."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; available: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**kwargs)
+    return _TASKS.make(name, **kwargs)
 
 
 def task_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return _TASKS.names()

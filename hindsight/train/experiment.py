@@ -87,7 +87,10 @@ class RolloutSection:
     ``feedback_max_tokens``: the verifier feedback is cut to this many tokens in HDL's reflection
     turn and hindsight context (:class:`hindsight.rollout.TreeOptions`). ``verify_workers``:
     threads checking responses while the engine keeps decoding (0: inline;
-    :mod:`hindsight.rollout.verification`).
+    :mod:`hindsight.rollout.verification`). Episode tasks (:mod:`hindsight.tasks.episodic`):
+    ``max_new_tokens`` caps one turn, ``episode_tokens`` the whole episode after the first prompt
+    (the batch's ``T``), ``max_turns`` the actions; ``env_step_timeout`` / ``env_reset_timeout``:
+    seconds before a hung environment's worker is killed (:class:`hindsight.envs.EnvPool`).
     """
     prompts_per_step: int = 2
     group_size: int | None = 16
@@ -102,11 +105,15 @@ class RolloutSection:
     hindsight_reflection_tokens: int = 256
     feedback_max_tokens: int = 16
     verify_workers: int = 4
+    max_turns: int = 8
+    episode_tokens: int = 1024
+    env_step_timeout: float = 60.0
+    env_reset_timeout: float = 300.0
 
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "chunk_steps",
                      "reflection_max_tokens", "hindsight_reflection_tokens",
-                     "feedback_max_tokens"):
+                     "feedback_max_tokens", "max_turns", "episode_tokens"):
             _positive_int(f"rollout.{name}", getattr(self, name))
         for name in ("group_size", "slots"):
             if getattr(self, name) is not None:
@@ -115,6 +122,10 @@ class RolloutSection:
                 or self.verify_workers < 0:
             raise ValueError(f"rollout.verify_workers must be a non-negative int, got "
                              f"{self.verify_workers!r}")
+        for name in ("env_step_timeout", "env_reset_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"rollout.{name} must be a positive number of seconds, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)

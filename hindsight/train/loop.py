@@ -53,10 +53,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hindsight.methods import LMHead
-from hindsight.rollout import RolloutConfig, TreeOptions, collect
+from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
+from hindsight.rollout.episodes import play
 from hindsight.rollout.runtime import with_eos
 from hindsight.sampling import SamplingParams
-from hindsight.tasks import get_task
+from hindsight.tasks import EpisodeTask, get_task
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
 from hindsight.train.data import prompt_batches
 from hindsight.train.evaluation import sample_rewards
@@ -117,13 +118,19 @@ def sampling_params(exp: ExperimentConfig, *, temperature: float | None = None) 
 
 
 def rollout_config(xp: Experiment) -> RolloutConfig:
-    r = xp.config.rollout
+    return rollout_config_of(xp.config)
+
+
+def rollout_config_of(exp: ExperimentConfig) -> RolloutConfig:
+    r = exp.rollout
     tree = TreeOptions(reflection_max_tokens=r.reflection_max_tokens,
                        hindsight_reflection_tokens=r.hindsight_reflection_tokens,
                        feedback_max_tokens=r.feedback_max_tokens)
+    episodes = EpisodeOptions(max_turns=r.max_turns, episode_tokens=r.episode_tokens,
+                              step_timeout=r.env_step_timeout, reset_timeout=r.env_reset_timeout)
     return RolloutConfig(slots=r.slots, chunk_steps=r.chunk_steps, tree=tree,
-                         num_sample_texts=xp.config.num_sample_texts,
-                         verify_workers=r.verify_workers)
+                         num_sample_texts=exp.num_sample_texts,
+                         verify_workers=r.verify_workers, episodes=episodes)
 
 
 def vocab_mask(tokenizer, vocab_size: int):
@@ -157,6 +164,11 @@ def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
     e = exp.eval
     examples = task.examples(split=e.split, count=e.num_examples, seed=exp.seed)
     params = with_eos(sampling_params(exp, temperature=e.temperature), tokenizer)
+    if isinstance(task, EpisodeTask):  # one episode per example; its return is the reward
+        groups, _ = play(model, tokenizer, task, examples, key=key, params=params, group_size=1,
+                         options=rollout_config_of(exp).episodes, slots=exp.rollout.slots,
+                         chunk_steps=exp.rollout.chunk_steps)
+        return float(np.mean([g.rewards.mean() for g in groups]))
     return float(sample_rewards(model, tokenizer, task, examples, key=key, params=params,
                                 samples=1, slots=exp.rollout.slots,
                                 chunk_steps=exp.rollout.chunk_steps,
@@ -184,6 +196,18 @@ def preflight(xp: Experiment):
         raise ConfigError(f"{e.args[0] if e.args else e}") from e
     if exp.eval.split not in SPLITS:
         raise ConfigError(f"eval.split must be one of {list(SPLITS)}, got {exp.eval.split!r}")
+    if isinstance(task, EpisodeTask):
+        method = xp.method
+        if method.rollout != "group" or method.contexts:
+            raise ConfigError(f"task.name={task.name!r} is played as episodes, which run the "
+                              f"'group' rollout with the policy context only; method "
+                              f"{method.name!r} needs rollout {method.rollout!r} and contexts "
+                              f"{list(method.contexts)} (HDL trees and teacher contexts on "
+                              f"episodes are not built yet)")
+        if exp.rollout.episode_tokens <= exp.rollout.max_new_tokens:
+            raise ConfigError(f"rollout.episode_tokens ({exp.rollout.episode_tokens}) must exceed "
+                              f"rollout.max_new_tokens ({exp.rollout.max_new_tokens}), which caps "
+                              f"one turn of an episode")
     return task, sampling
 
 
@@ -261,6 +285,10 @@ def _rollout_metrics(stats) -> dict:
            "rollout_seconds": stats.seconds["total"], "verifier_errors": stats.verifier_errors,
            "verify_wait_seconds": stats.seconds.get("verify_wait", 0.0),
            "verify_worker_seconds": stats.verify_worker_seconds}
+    if stats.turns_per_episode is not None:
+        out.update(turns_per_episode=stats.turns_per_episode,
+                   env_wait_seconds=stats.seconds.get("env_wait", 0.0),
+                   env_seconds=stats.seconds.get("env", 0.0))
     if stats.reflection_tokens:
         out["reflection_tokens_per_group"] = float(np.mean(stats.reflection_tokens))
     if stats.rollout == "dynamic":

@@ -132,3 +132,45 @@ def test_a_result_that_takes_over_the_slot_batch_stays_valid(tiny):
     np.testing.assert_allclose(out["c"].logprobs, expect.logprobs, rtol=1e-5, atol=1e-6)
     fresh = generate(tiny, [PROMPTS[0]], PARAMS, num_samples=4, key=jax.random.key(7), max_len=64)
     np.testing.assert_array_equal(out["b"].tokens, fresh.tokens)
+
+
+def test_stop_check_ends_rows_at_the_cut_with_the_uncut_prefix():
+    """A stop check ends a row while decoding, at the length it returns; the kept tokens and
+    log-probs are the uncut row's prefix, and the row can be extended from there."""
+    from hindsight.methods.testing import char_model
+    from hindsight.sampling import SamplingParams
+    from hindsight.sampling.engine import Engine
+
+    model = char_model(0)
+    params = SamplingParams(max_new_tokens=24)
+
+    def run(check):
+        engine = Engine(model, params, slots=4, max_len=64, chunk_steps=4)
+        engine.submit([1, 5, 6, 7], num_samples=3, key=jax.random.key(3), stop_check=check,
+                      keep_cache=True, tag="p")
+        return engine, engine.run()["p"]
+
+    _, full = run(None)
+    rows = {int(full.tokens[r, 0]): r for r in range(3)}
+    assert len(rows) == 3, "the test needs distinct first tokens"
+    firsts = sorted(rows)
+    cuts = {firsts[0]: 5, firsts[1]: 9}  # by the row's first token; the third row never stops
+
+    def check(ids):
+        n = cuts.get(int(ids[0]))
+        return n if n is not None and len(ids) >= n else None
+
+    engine, cut = run(check)
+    for first, r in rows.items():
+        n = cuts.get(first, int(full.lengths[r]))
+        assert cut.lengths[r] == n and cut.stopped[r] == (first in firsts[:2])
+        np.testing.assert_array_equal(cut.tokens[r, :n], full.tokens[r, :n])
+        np.testing.assert_allclose(cut.policy_logprobs[r, :n], full.policy_logprobs[r, :n], atol=1e-6)
+    assert engine.stats["stop_dropped_tokens"] >= 0
+    # the cut row continues from its cache like any finished row
+    r = rows[firsts[0]]
+    engine.submit_extend(cut, [r], [[9, 9]], max_new_tokens=4, key=jax.random.key(4), tag="x")
+    out = engine.run()["x"]
+    assert out.prompt_lengths[0] == 4 + 5 + 2
+    with pytest.raises(TypeError, match="stop_check"):
+        engine.submit([1, 2], stop_check="</a>")

@@ -42,6 +42,27 @@ def test_generate_text_decodes_and_cuts(tiny):
     assert len(text) > 2
     cut = generate_text(tiny, tok, ["hi"], params, num_samples=2, key=jax.random.key(0), stop_strings=[text[2]])
     assert cut[0][0].text == text[: text.find(text[2])] and cut[0][0].finish_reason == "stop_string"
+    # a multi-token string ends the row while decoding, at the token that completes it: the kept
+    # ids are the uncut sample's prefix (a row's draws depend only on its key and prefix)
+    stop = text[2:4]
+    end = text.find(stop) + len(stop)
+    cut = generate_text(tiny, tok, ["hi"], params, num_samples=2, key=jax.random.key(0), stop_strings=[stop])
+    np.testing.assert_array_equal(cut[0][0].token_ids, out[0][0].token_ids[:end])
+    assert cut[0][0].text == text[: text.find(stop)] and cut[0][0].finish_reason == "stop_string"
+
+
+def test_stop_strings_cut_at_the_completing_token():
+    from hindsight.sampling.text import StopStrings
+    tok = CharTokenizer()
+    check = StopStrings(tok, ["</a>", "zz"])
+    ids = tok.encode("go north</a> and more")
+    assert check(ids) == len("go north</a>")
+    assert check(tok.encode("go north</")) is None and check([]) is None
+    assert check(tok.encode("zz then </a>")) == 2
+    with pytest.raises(TypeError, match="single string"):
+        StopStrings(tok, "</a>")
+    with pytest.raises(ValueError, match="non-empty"):
+        StopStrings(tok, [""])
 
 
 def test_score_text_matches_generation_logprobs(tiny):

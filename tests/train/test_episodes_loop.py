@@ -1,0 +1,42 @@
+"""Episodes through the training loop: ``configs/grpo.py:tiny-textgame`` trains and evaluates on
+the test environment (turns_per_episode in the metrics, the rendered episode in the samples), and
+a method the episode rollout cannot serve is refused before the run directory is touched."""
+import importlib
+import json
+import os
+
+import pytest
+
+from hindsight.train.experiment import ConfigError, resolve
+from hindsight.train.loop import preflight, run
+
+
+def test_grpo_trains_on_textgame_episodes(tmp_path):
+    config = importlib.import_module("configs.grpo").get_config("tiny-textgame")
+    config.train.update(num_steps=1, save_every=1)
+    config.eval.update(num_examples=2, every=1)
+    summary = run(config, str(tmp_path / "run"), progress=False)
+    assert summary["final_step"] == 1
+    with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    step = next(r for r in records if "loss" in r)
+    assert step["turns_per_episode"] == 3.0 and step["env_wait_seconds"] >= 0.0
+    assert 0 < step["count/policy"] < 4 * config.rollout.episode_tokens
+    assert any("eval_reward" in r for r in records)
+    with open(tmp_path / "run" / "samples.jsonl", encoding="utf-8") as f:
+        sample = json.loads(f.readline())
+    assert "[turn 0]" in sample["texts"][0] and "[observation]" in sample["texts"][0]
+
+
+@pytest.mark.parametrize("method", ["hdl", "opsd"])
+def test_methods_episodes_cannot_serve_are_refused(method, tmp_path):
+    config = importlib.import_module(f"configs.{method}").get_config("tiny-textgame")
+    with pytest.raises(ConfigError, match="played as episodes"):
+        preflight(resolve(config))
+
+
+def test_episode_tokens_must_exceed_a_turn():
+    config = importlib.import_module("configs.grpo").get_config("tiny-textgame")
+    config.rollout.episode_tokens = config.rollout.max_new_tokens
+    with pytest.raises(ConfigError, match="rollout.episode_tokens"):
+        preflight(resolve(config))
