@@ -14,7 +14,8 @@ import re
 
 from hindsight.envs import EnvSpec
 from hindsight.envs.textgame import ROOMS
-from hindsight.tasks.base import Example, Verdict, draw_examples, register
+from hindsight._validation import check_choice
+from hindsight.tasks.base import Example, Verdict, draw_examples, register, seeded_subset
 
 
 class EpisodeTask:
@@ -87,3 +88,58 @@ class TextGameTask(EpisodeTask):
             return text, Example(prompt=INSTRUCTIONS.format(goal=goal), answer="",
                                  data=(("setup", text),))
         return draw_examples(make, split=split, count=count, seed=seed)
+
+
+SCIENCEWORLD_TASKS = ("find-non-living-thing", "find-living-thing", "find-animal", "find-plant",
+                      "lifespan-longest-lived", "lifespan-shortest-lived",
+                      "lifespan-longest-lived-then-shortest-lived",
+                      "chemistry-mix-paint-secondary-color")
+"""The CPU-sized subset: the ScienceWorld tasks whose gold paths take at most 10 actions (5-10,
+with the ``easy`` simplifications; ``boil``, the README's example elsewhere, takes 39)."""
+
+SCIENCEWORLD_INSTRUCTIONS = (
+    "You are an agent in ScienceWorld, a text simulation of a house and its surroundings. "
+    "Complete the task below. Each turn, write exactly one action as <action>ACTION</action>, "
+    "for example <action>look around</action> or <action>go to kitchen</action>.")
+
+
+@register("scienceworld")
+class ScienceWorldTask(EpisodeTask):
+    """ScienceWorld episodes (:class:`hindsight.envs.scienceworld.ScienceWorld`) on ``tasks``
+    (default :data:`SCIENCEWORLD_TASKS`), train / test examples from the simulator's own train /
+    test variations of each task (read once from a short-lived JVM), drawn with the seed."""
+    name = "scienceworld"
+
+    def __init__(self, *, tasks: tuple = SCIENCEWORLD_TASKS, step_limit: int = 100,
+                 simplifications: str = "easy"):
+        if isinstance(tasks, str) or not tasks:
+            raise ValueError(f"`tasks` must be a non-empty list of ScienceWorld task names, got {tasks!r}")
+        self.tasks = tuple(tasks)
+        self.env = EnvSpec.of("scienceworld", step_limit=step_limit, simplifications=simplifications)
+        self._variations = None
+
+    def variations(self) -> dict:
+        """``{split: [(task, variation), ...]}`` from the simulator (``test`` = its test split)."""
+        if self._variations is None:
+            from scienceworld import ScienceWorldEnv
+            env = ScienceWorldEnv("", envStepLimit=10)
+            try:
+                known = env.get_task_names()
+                out = {"train": [], "test": []}
+                for task in self.tasks:
+                    if task not in known:
+                        raise ValueError(f"unknown ScienceWorld task {task!r}; tasks: {known}")
+                    env.load(task, 0, "", generateGoldPath=False)
+                    out["train"] += [(task, v) for v in env.get_variations_train()]
+                    out["test"] += [(task, v) for v in env.get_variations_test()]
+            finally:
+                env.close()
+            self._variations = out
+        return self._variations
+
+    def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
+        check_choice("split", split, ("train", "test"))
+        items = [Example(prompt=SCIENCEWORLD_INSTRUCTIONS, answer="",
+                         data=(("setup", json.dumps({"task": t, "variation": v})),))
+                 for t, v in self.variations()[split]]
+        return seeded_subset(items, split=split, count=count, seed=seed, where=self.name)
