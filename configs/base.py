@@ -19,6 +19,8 @@ Variants (the part after ``:``):
     half the time, so every method gets a gradient), seconds per step (tests, smoke runs).
   * ``tiny-textgame``: ``tiny-random`` playing 3-turn episodes of the ``textgame`` environment
     (methods on the ``group`` rollout without teacher contexts; HDL on episodes is not built yet).
+  * ``smollm2-scienceworld``, ``smollm2-search_qa``: SmolLM2 playing ScienceWorld episodes (up to 8
+    actions) or search-augmented QA (up to 4 turns), 2 prompts x 4 episodes per step.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ from hindsight.methods import get_method
 from hindsight.tasks import synthetic
 from hindsight.train.experiment import ExperimentConfig
 
-VARIANTS = ("smollm2-<task>", "smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval", "demo",
-            "tiny", "tiny-textgame")
+VARIANTS = ("smollm2-<task>", "smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval",
+            "smollm2-scienceworld", "smollm2-search_qa", "demo", "tiny", "tiny-textgame")
 DEFAULT_VARIANT = "smollm2-count_letters"
 
 
@@ -167,6 +169,22 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.train.update(num_steps=3, save_every=3)
         config.train.optim.update(learning_rate=1e-5)
         config.eval.update(num_examples=16, every=0)
+    elif variant in ("smollm2-scienceworld", "smollm2-search_qa"):
+        # SmolLM2 playing episodes: ScienceWorld's CPU-sized subset (gold paths of 5-10 actions)
+        # or search-augmented QA over the shipped corpus; 2 prompts x 4 episodes per step
+        task = variant[len("smollm2-"):]
+        config.model.name = MODELS["smollm2"]
+        config.task.name = task
+        config.rollout.update(temperature=0.7, min_p=0.2, prompts_per_step=2, slots=8,
+                              max_new_tokens=48)
+        if task == "scienceworld":
+            config.rollout.update(max_turns=8, episode_tokens=1536)
+        else:
+            config.rollout.update(max_turns=4, episode_tokens=768)
+        config.rollout.group_size = 4
+        config.train.update(num_steps=4, save_every=2)
+        config.train.optim.update(learning_rate=2e-5)
+        config.eval.update(num_examples=3, every=0)
     elif variant in ("smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval"):
         _real_task(config, variant, hdl=hdl)
     elif variant.startswith("smollm2-"):

@@ -43,6 +43,7 @@ class GroupRows:
         observation is part of the prompt), else None (every row's is ``prompt``).
       turn_ids: episodes, ``[G, T]`` int32 turn index on action tokens, -1 elsewhere.
       turn_rewards: episodes, ``[G, K]`` float32 step reward of each turn (0 past the last).
+      search_mask: search episodes, ``[G, T]`` bool on the tokens of search queries.
       num_turns: episodes, ``[G]`` int32 actions taken. statuses: episodes, how each ended
         (:data:`hindsight.rollout.episodes.STATUSES`).
     """
@@ -63,6 +64,7 @@ class GroupRows:
     row_prompts: list[np.ndarray] | None = None
     turn_ids: np.ndarray | None = None
     turn_rewards: np.ndarray | None = None
+    search_mask: np.ndarray | None = None
     num_turns: np.ndarray | None = None
     statuses: list[str] | None = None
 
@@ -129,6 +131,8 @@ def assemble(groups: Sequence[GroupRows], advantages: np.ndarray, rewards: np.nd
     if all(episodes):
         batch["turn_id"] = np.concatenate([g.turn_ids for g in groups]).astype(np.int32)
         batch["turn_rewards"] = np.concatenate([g.turn_rewards for g in groups]).astype(np.float32)
+        if all(g.search_mask is not None for g in groups):
+            batch["search_mask"] = np.concatenate([g.search_mask for g in groups]).astype(np.float32)
     return batch
 
 

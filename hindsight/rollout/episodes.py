@@ -14,7 +14,8 @@ in the batch with loss mask 0, so the run goes on and the group keeps its size).
 
 A row's response is the whole episode after the first prompt: action tokens (loss mask 1,
 ``turn_id`` = the turn, ``logp_old`` = the sampler's log-probs) and observation tokens (mask 0,
-``turn_id`` -1, ``logp_old`` 0), spec §0. Its reward is the episode's return (the sum of the step
+``turn_id`` -1, ``logp_old`` 0), spec §0; a search task's query tokens are its ``search_mask``
+(spec ``s_t``). Its reward is the episode's return (the sum of the step
 rewards, clipped to the task's range); ``turn_rewards`` keeps each turn's.
 """
 from __future__ import annotations
@@ -55,7 +56,8 @@ class Episode:
     Attributes:
       key: ``(example k, row g)``.
       prompt: ``[n]`` the first turn's ids (instructions + first observation).
-      pieces: ``(ids, policy_logprobs, logprobs, turn)`` in order; ``turn`` is -1 for observations.
+      pieces: ``(ids, policy_logprobs, logprobs, turn, search)`` in order; ``turn`` is -1 for
+        observations; ``search`` the turn's search-query token mask (None: the task has none).
       rewards: per action turn, the environment's step reward.
       actions, observations: the parsed actions and the observations (text).
       status: one of :data:`STATUSES` once finished, else None. feedback: the environment's last
@@ -78,15 +80,17 @@ class Episode:
         return sum(len(p[0]) for p in self.pieces)
 
     def arrays(self, width: int, num_turns: int) -> dict:
-        """The row's ``tokens``, ``mask``, ``turn_id``, ``policy_logprobs``, ``logprobs`` ``[width]``
-        and ``turn_rewards [num_turns]``."""
+        """The row's ``tokens``, ``mask``, ``turn_id``, ``policy_logprobs``, ``logprobs``,
+        ``search_mask`` ``[width]`` and ``turn_rewards [num_turns]``."""
         out = dict(tokens=np.zeros(width, np.int32), mask=np.zeros(width, bool),
-                   turn_id=np.full(width, -1, np.int32),
+                   turn_id=np.full(width, -1, np.int32), search_mask=np.zeros(width, bool),
                    policy_logprobs=np.zeros(width, np.float32), logprobs=np.zeros(width, np.float32))
         at = 0
-        for ids, plp, lp, turn in self.pieces:
+        for ids, plp, lp, turn, search in self.pieces:
             n = len(ids)
             out["tokens"][at:at + n] = ids
+            if search is not None:
+                out["search_mask"][at:at + n] = search
             if turn >= 0 and self.status not in ("error", "timeout", "crashed"):
                 out["mask"][at:at + n] = True
                 out["turn_id"][at:at + n] = turn
@@ -203,7 +207,8 @@ def sample_episodes(model, tokenizer, task, pool: EnvPool, examples: Sequence[Ex
         for i, ek in enumerate(tag):
             ep, n = episodes[ek], int(res.lengths[i])
             ids = res.tokens[i, :n]
-            ep.pieces.append((ids, res.policy_logprobs[i, :n], res.logprobs[i, :n], len(ep.actions)))
+            ep.pieces.append((ids, res.policy_logprobs[i, :n], res.logprobs[i, :n], len(ep.actions),
+                              task.search_mask(tokenizer, ids)))
             ep.source = (res, i)
             ep.ended_turn = bool(n and eos is not None and ids[-1] == eos)
             action = task.parse_action(tokenizer.decode(ids.tolist(), skip_special_tokens=True))
@@ -236,7 +241,7 @@ def sample_episodes(model, tokenizer, task, pool: EnvPool, examples: Sequence[Ex
             rows = [row for row, _, _ in items]
             for _, ep, ids in items:
                 ep.pieces.append((ids, np.zeros(len(ids), np.float32),
-                                  np.zeros(len(ids), np.float32), -1))
+                                  np.zeros(len(ids), np.float32), -1, None))
             engine.submit_extend(res, rows, [ids for _, _, ids in items],
                                  row_keys=jnp.stack([turn_key(ep, len(ep.actions)) for _, ep, _ in items]),
                                  stop_check=stop, keep_cache=True,
@@ -264,6 +269,7 @@ def sample_episodes(model, tokenizer, task, pool: EnvPool, examples: Sequence[Ex
             texts=[render(tokenizer, ep) for ep in eps], feedback=[ep.feedback for ep in eps],
             generated_tokens=generated, turn_ids=stack("turn_id"),
             turn_rewards=stack("turn_rewards"),
+            search_mask=stack("search_mask") if task.searches else None,
             num_turns=np.array([len(ep.actions) for ep in eps], np.int32),
             statuses=[ep.status for ep in eps]))
         played.append(eps)
@@ -291,7 +297,7 @@ def render(tokenizer, ep: Episode) -> str:
     """The episode turn by turn: the first observation, then each action and what came back."""
     lines = [f"[observation] {ep.observations[0] if ep.observations else ''}"]
     obs = iter(ep.observations[1:])
-    for ids, _, _, turn in ep.pieces:
+    for ids, _, _, turn, _ in ep.pieces:
         if turn >= 0:
             reward = ep.rewards[turn] if turn < len(ep.rewards) else None
             text = tokenizer.decode(ids.tolist(), skip_special_tokens=True).strip()

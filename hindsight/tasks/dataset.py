@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 
+from hindsight._records import read_records
 from hindsight._validation import check_choice
 from hindsight.tasks.base import SPLITS, Example, Verdict, register, seeded_subset
 from hindsight.tasks.code import verify_program
@@ -44,30 +44,6 @@ _PLACEHOLDER = re.compile(r"\{(question|choices)\}")
 _SPLITS_CACHE: dict[tuple, dict[str, list[Example]]] = {}
 """Examples per (task, file modification time, file size): tasks are frozen, and equal tasks
 share an entry."""
-
-
-def read_records(path: str) -> list[tuple[str, object]]:
-    """``(where, record)`` for every record of a JSONL (blank lines skipped) or Parquet file;
-    ``where`` names the file and the line or record number for errors."""
-    if path.endswith(".parquet"):
-        import pyarrow
-        import pyarrow.parquet
-
-        try:
-            rows = pyarrow.parquet.read_table(path).to_pylist()
-        except pyarrow.ArrowException as e:
-            raise ValueError(f"{path}: not a readable Parquet file ({e})") from e
-        return [(f"{path}, record {n}", row) for n, row in enumerate(rows, 1)]
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append((f"{path}, line {n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
-    return out
 
 
 def _pick(record: dict, names: tuple[str, ...], where: str, what: str) -> tuple[str, object]:

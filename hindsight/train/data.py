@@ -41,7 +41,7 @@ class DataConfig:
 def read_jsonl(path: str) -> list[dict]:
     """Records of a JSONL file (blank lines skipped); errors name the line
     (:func:`hindsight.tasks.dataset.read_records`, the one reader of record files)."""
-    from hindsight.tasks.dataset import read_records
+    from hindsight._records import read_records
     return [record for _, record in read_records(path)]
 
 

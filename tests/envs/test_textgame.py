@@ -46,6 +46,7 @@ def test_task_examples_are_seeded_disjoint_and_parse_actions():
     assert make_env("textgame").reset(setup).startswith(f"You are in the {setup['rooms'][0]}.")
     assert task.parse_action("<action>look</action> then <action> go hall </action>") == "go hall"
     assert task.parse_action("<action>take key") == "take key"
-    assert task.parse_action("no tag") == ""
+    assert task.parse_action("\n go hall.\nthen more") == "go hall"
+    assert task.parse_action("  \n") == ""
     with pytest.raises(TypeError, match="played as episodes"):
         task.verify(train[0], "x")

@@ -40,3 +40,12 @@ def test_episode_tokens_must_exceed_a_turn():
     config.rollout.episode_tokens = config.rollout.max_new_tokens
     with pytest.raises(ConfigError, match="rollout.episode_tokens"):
         preflight(resolve(config))
+
+
+@pytest.mark.parametrize("variant", ["smollm2-scienceworld", "smollm2-search_qa"])
+def test_smollm2_episode_variants_pass_preflight(variant):
+    config = importlib.import_module("configs.grpo").get_config(variant)
+    xp = resolve(config)
+    task, sampling = preflight(xp)
+    assert task.name == variant.split("-", 1)[1] and sampling.max_new_tokens == 48
+    assert xp.config.rollout.episode_tokens > sampling.max_new_tokens
