@@ -14,7 +14,7 @@ PROMPT = ('from typing import List\n\n\ndef helper(x: int) -> int:\n    return x
           'def double_all(xs: List[int]) -> List[int]:\n    """Double every item."""\n')
 TEST = ("def check(candidate):\n    assert candidate([]) == []\n"
         "    assert candidate([1, 2]) == [2, 4]\n")
-QUICK = Limits(cpu_seconds=1, wall_seconds=3)
+QUICK = Limits(cpu_seconds=1, wall_seconds=10)  # wall room for a busy machine (the CPU limit acts first)
 
 
 def verify(response, *, test=TEST, limits=QUICK):
