@@ -18,9 +18,10 @@ Variants (the part after ``:``):
   * ``tiny``: the 2-layer random ``tiny-random`` model on ``even_length`` (which it solves about
     half the time, so every method gets a gradient), seconds per step (tests, smoke runs).
   * ``tiny-textgame``: ``tiny-random`` playing 3-turn episodes of the ``textgame`` environment
-    (methods on the ``group`` rollout without teacher contexts; HDL on episodes is not built yet).
+    (methods on the ``group`` rollout without teacher contexts, and HDL: trees of 8 episodes).
   * ``smollm2-scienceworld``, ``smollm2-search_qa``: SmolLM2 playing ScienceWorld episodes (up to 8
-    actions) or search-augmented QA (up to 4 turns), 2 prompts x 4 episodes per step.
+    actions) or search-augmented QA (up to 4 turns), 2 prompts x 4 episodes per step (HDL: 2
+    trees of 2 x (1 + 2 + 1) episodes).
 """
 from __future__ import annotations
 
@@ -162,6 +163,10 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.train.update(num_steps=2, save_every=2)
         config.train.optim.update(name="sgd", learning_rate=0.1)
         config.eval.update(num_examples=2, every=0)
+        if hdl:  # trees of 2 x (1 + 2 + 1) = 8 episodes; a random model's turns are short
+            config.method_config.update(counts=(2, 1), tail_guard=2, min_gap_floor=2)
+            config.rollout.update(reflection_max_tokens=8, hindsight_reflection_tokens=8,
+                                  feedback_max_tokens=48)
     elif variant == "demo":
         _smollm2_sampling(config, "count_letters")
         config.rollout.update(prompts_per_step=2, max_new_tokens=96, slots=32,
@@ -185,6 +190,10 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.train.update(num_steps=4, save_every=2)
         config.train.optim.update(learning_rate=2e-5)
         config.eval.update(num_examples=3, every=0)
+        if hdl:  # trees of 2 x (1 + 2 + 1) = 8 episodes, reflections on the game's feedback
+            config.method_config.update(counts=(2, 1))
+            config.rollout.update(reflection_max_tokens=32, hindsight_reflection_tokens=32,
+                                  feedback_max_tokens=64)
     elif variant in ("smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval"):
         _real_task(config, variant, hdl=hdl)
     elif variant.startswith("smollm2-"):

@@ -4,16 +4,23 @@ how full the engine's slots stay while environments step, and how long decoding 
 GRPO groups of ``G`` episodes per prompt (``hindsight.rollout.collect`` on an episode task: one
 environment worker per episode, each turn continued from the row's cache), on ScienceWorld's
 CPU-sized subset by default (``--task textgame`` for the test game; ``--quick``: textgame, 1 prompt
-x 2 episodes, 3 turns). One untimed warm-up rollout on other prompts compiles the shapes, then
-one timed rollout. Reported: ``episodes_per_minute``, ``slot_occupancy`` (fraction of the engine's
+x 6 episodes (an HDL tree of 2 x (1 + 1 + 1)), 3 turns). One untimed warm-up rollout on other
+prompts compiles the shapes, then one timed rollout. Reported: ``episodes_per_minute``, ``slot_occupancy`` (fraction of the engine's
 slot-steps that decoded an active row), ``env_wait_fraction`` (the share of the rollout's
 wall-clock in which decoding waited for environments: every slot idle, replies pending),
 ``env_seconds`` (host time handling replies), ``turns_per_episode``, the episodes' end statuses and
 mean return, generated tokens.
 
-HDL on episodes (trees whose branch points fall inside turns, continuations restoring the
-environment by replay) is **not built yet**: ``hdl_token_saving`` and ``hdl_wallclock_saving`` are
-null, with ``hdl_status`` saying so.
+HDL vs GRPO on the same prompts, side by side in one run: the GRPO arm plays ``G`` episodes per
+prompt where ``G`` is the HDL tree's size (``--counts``: ``2 x (1 + sum(counts))`` rows; default
+``2,1``: 8), the HDL arm plays the trees (2 root episodes -> a reflection after each root's last turn
+-> hindsight scores over the roots' action tokens -> branch points inside any turn -> continuations
+from the roots' cached turns, their environments replaying the earlier actions). Both arms get an
+untimed warm-up on other prompts, then one timed rollout each. ``hdl_token_saving = 1 -
+tokens_HDL / tokens_GRPO`` (generated tokens: actions, and HDL's reflections; a continuation counts
+only what it sampled after its branch point) and ``hdl_wallclock_saving = 1 - seconds_HDL /
+seconds_GRPO`` (rollout seconds); the episode figures above are the GRPO arm's, HDL's are under
+``hdl``.
 
     python -m experiments.bench.episodes [--quick] [--task scienceworld|textgame|search_qa]
 
@@ -39,50 +46,89 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="CI-sized run")
     parser.add_argument("--task", help="episode task (default scienceworld; --quick textgame)")
     parser.add_argument("--prompts", type=int, help="P (default 2; --quick 1)")
-    parser.add_argument("--group", type=int, help="episodes per prompt G (default 4; --quick 2)")
+    parser.add_argument("--group", type=int,
+                        help="GRPO episodes per prompt G (default: the HDL tree's size)")
     parser.add_argument("--turns", type=int, help="max turns (default 8; --quick 3)")
     parser.add_argument("--turn-tokens", type=int, default=48, help="tokens per turn at most")
     parser.add_argument("--episode-tokens", type=int, default=1536)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--counts", default=None,
+                        help="HDL continuations per branch point, best first (default 2,1; "
+                             "--quick 1,1)")
     args = parser.parse_args(argv)
     task_name = args.task or ("textgame" if args.quick else "scienceworld")
     p = args.prompts or (1 if args.quick else 2)
-    g = args.group or (2 if args.quick else 4)
     turns = args.turns or (3 if args.quick else 8)
+    counts = tuple(int(c) for c in (args.counts or ("1,1" if args.quick else "2,1")).split(","))
 
     import jax
 
     from hindsight.methods import RolloutShape, get_method
     from hindsight.models import load
-    from hindsight.rollout import EpisodeOptions, RolloutConfig, collect
+    from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
     from hindsight.sampling import SamplingParams
     from hindsight.tasks import get_task
 
     load_start = os.getloadavg()
-    method = get_method("grpo").configure(rollout=RolloutShape(
-        group_size=g, max_new_tokens=args.turn_tokens, temperature=0.7))
+    shape = lambda g: RolloutShape(group_size=g, max_new_tokens=args.turn_tokens, temperature=0.7)
+    hdl = get_method("hdl").configure({"counts": counts, "num_points": len(counts)},
+                                      rollout=shape(None))
+    g = args.group or hdl.group_size
+    methods = {"grpo": get_method("grpo").configure(rollout=shape(g)), "hdl": hdl}
     model, tok = load("smollm2-135m-instruct")
     task = get_task(task_name)
     params = SamplingParams(temperature=0.7, min_p=0.2, max_new_tokens=args.turn_tokens)
     rollout = RolloutConfig(slots=args.slots, episodes=EpisodeOptions(
-        max_turns=turns, episode_tokens=args.episode_tokens))
+        max_turns=turns, episode_tokens=args.episode_tokens),
+        tree=TreeOptions(reflection_max_tokens=32, feedback_max_tokens=64))
     warm = task.examples(split="train", count=p, seed=args.seed + 1)
     examples = task.examples(split="train", count=p, seed=args.seed)
-    _log(f"{task_name}: P={p} G={g} turns<={turns} turn tokens<={args.turn_tokens} warm-up")
-    collect(method, model, tok, task, warm, key=jax.random.key(args.seed + 100), sampling=params,
-            rollout=rollout)
-    _log("timed rollout")
-    start = time.perf_counter()
-    _, stats = collect(method, model, tok, task, examples, key=jax.random.key(args.seed),
-                       sampling=params, rollout=rollout)
-    wall = time.perf_counter() - start
+    _log(f"{task_name}: P={p} G={g} (HDL tree {hdl.group_size}) turns<={turns} "
+         f"turn tokens<={args.turn_tokens}")
+    for name, method in methods.items():
+        _log(f"warm-up {name}")
+        collect(method, model, tok, task, warm, key=jax.random.key(args.seed + 100),
+                sampling=params, rollout=rollout)
+    stats, walls = {}, {}
+    for name, method in methods.items():
+        _log(f"timed {name}")
+        start = time.perf_counter()
+        _, stats[name] = collect(method, model, tok, task, examples,
+                                 key=jax.random.key(args.seed), sampling=params, rollout=rollout)
+        walls[name] = time.perf_counter() - start
+        _log(f"{name}: {sum(stats[name].generated_tokens)} tokens, "
+             f"{stats[name].seconds['total']:.1f} s")
+    result = {"bench": "episodes", "quick": args.quick, "task": task_name, "prompts": p,
+              "group": g, "max_turns": turns, "turn_tokens": args.turn_tokens,
+              "episode_tokens": args.episode_tokens, "slots": args.slots,
+              **_arm(stats["grpo"], walls["grpo"], p * g)}
+    h = _arm(stats["hdl"], walls["hdl"], p * hdl.group_size)
+    h.update(counts=list(counts), group=hdl.group_size,
+             reflection_tokens=int(sum(stats["hdl"].reflection_tokens)),
+             branch_positions=stats["hdl"].branch_positions,
+             branch_sources=stats["hdl"].branch_sources,
+             phase_tokens=stats["hdl"].phase_tokens)
+    per_row = lambda name, n: sum(stats[name].generated_tokens) / n
+    token_saving = 1.0 - per_row("hdl", p * hdl.group_size) / per_row("grpo", p * g)
+    sec = lambda name, n: stats[name].seconds["total"] / n
+    wall_saving = 1.0 - sec("hdl", p * hdl.group_size) / sec("grpo", p * g)
+    result.update({
+        "hdl": h, "hdl_token_saving": round(token_saving, 4),
+        "hdl_wallclock_saving": round(wall_saving, 4),
+        "hdl_sample": [t for t in stats["hdl"].sample_texts if "[branch]" in t][:1],
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "load_avg_start": load_start, "load_avg_end": os.getloadavg()}})
+    print(json.dumps(result))
+    return result
+
+
+def _arm(stats, wall: float, episodes: int) -> dict:
+    """One arm's episode figures (per-row savings divide by ``episodes``: the arms' group sizes
+    may differ when ``--group`` is given)."""
     seconds = stats.seconds
-    episodes = p * g
-    result = {
-        "bench": "episodes", "quick": args.quick, "task": task_name, "prompts": p, "group": g,
-        "max_turns": turns, "turn_tokens": args.turn_tokens, "episode_tokens": args.episode_tokens,
-        "slots": args.slots, "episodes": episodes, "rollout_seconds": round(seconds["total"], 2),
+    return {
+        "episodes": episodes, "rollout_seconds": round(seconds["total"], 2),
         "collect_wall_seconds": round(wall, 2),
         "episodes_per_minute": round(60.0 * episodes / seconds["total"], 2),
         "slot_occupancy": stats.engines["main"]["occupancy"],
@@ -97,15 +143,8 @@ def main(argv=None) -> dict:
         "response_length_mean": stats.response_length_mean,
         "seconds": {k: round(v, 3) for k, v in seconds.items()},
         "engine": stats.engines["main"],
-        "hdl_token_saving": None, "hdl_wallclock_saving": None,
-        "hdl_status": "not built: HDL trees on episodes (branch points inside turns, environment "
-                      "replay for continuations) are the remaining part of the episodes issue",
         "sample": stats.sample_texts[:1],
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "load_avg_start": load_start, "load_avg_end": os.getloadavg()},
     }
-    print(json.dumps(result))
-    return result
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ SOURCES = ("nms", "relaxed", "random", "fresh")
 
 
 def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
-                         rng: np.random.Generator) -> tuple[np.ndarray, str]:
+                         rng: np.random.Generator, *,
+                         eligible: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """Branch points of one root, best first, with the spec's fallbacks.
 
     1. Greedy NMS over eligible positions (``h <= t <= length - 1 - tail_guard`` with
@@ -39,6 +40,8 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
     Args:
       scores: ``[T]`` HDL score ``|logp_hind - logp_orig|`` (0 past ``length``).
       length: response length (0 for an all-masked root).
+      eligible: optional ``[T]`` bool, the only positions a point may take besides the rules
+        above (an episode's action tokens: observations are the environment's, never resampled).
     Returns:
       ``(points [K] int32, source)``; ``source`` in ``SOURCES`` names the last step used.
     """
@@ -47,6 +50,10 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
     mask = np.arange(width) < length
     head = min_prefix(length, config)
     after_head = np.arange(width) >= head
+    if eligible is not None:
+        allowed = np.zeros(width, bool)
+        allowed[:min(width, eligible.shape[-1])] = np.asarray(eligible, bool)[:width]
+        after_head &= allowed
     s = np.zeros(width, np.float32)
     s[: scores.shape[-1]] = np.where(mask[: scores.shape[-1]], scores, 0.0)
     s = np.where(np.isfinite(s), s, 0.0)  # a NaN score must not steer the argmax
@@ -62,7 +69,8 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
         points, source = nms(1), "relaxed"
     if (points < 0).any():
         chosen = [int(p) for p in points if p >= 0]
-        pool = np.array([t for t in range(head, length) if t not in chosen], np.int64)
+        pool = np.array([t for t in range(head, length) if t not in chosen and after_head[t]],
+                        np.int64)
         extra = rng.choice(pool, size=min(pool.size, k - len(chosen)), replace=False) \
             if pool.size else []
         chosen += [int(p) for p in extra]

@@ -34,6 +34,7 @@ from hindsight.sampling import SamplingParams
 from hindsight.tasks import EpisodeTask
 
 SHAPES = ("group", "dynamic", "hdl_tree")
+EPISODE_SHAPES = ("group", "hdl_tree")  # the shapes an episode task can be played in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +129,17 @@ class RolloutStats:
         return dataclasses.asdict(self)
 
 
+def episode_mismatch(method: Method, task) -> str | None:
+    """Why ``method`` cannot train on ``task`` when it is played as episodes (None: it can)."""
+    if not isinstance(task, EpisodeTask) or (method.rollout in EPISODE_SHAPES
+                                             and not set(method.contexts) - {"hindsight"}):
+        return None
+    return (f"task {task.name!r} is played as episodes, which run the rollouts "
+            f"{list(EPISODE_SHAPES)} with the policy (and HDL's hindsight) context; method "
+            f"{method.name!r} asks for rollout {method.rollout!r} and contexts "
+            f"{list(method.contexts)} (teacher contexts on episodes are not built yet)")
+
+
 def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=None):
     if not isinstance(method, Method):
         raise TypeError(f"`method` must be a configured hindsight.methods.Method (get_method(name)"
@@ -147,11 +159,9 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=
             raise ValueError(f"method {method.name!r} reads the 'hindsight' context, which only "
                              f"the 'hdl_tree' rollout produces (its rollout is {method.rollout!r})")
     check_temperature(config, sampling.temperature, "the sampling temperature")
-    if isinstance(task, EpisodeTask) and (method.rollout != "group" or method.contexts):
-        raise ValueError(f"task {task.name!r} is played as episodes, which run the 'group' rollout "
-                         f"with the policy context only; method {method.name!r} asks for rollout "
-                         f"{method.rollout!r} and contexts {list(method.contexts)} (HDL trees and "
-                         f"teacher contexts on episodes are not built yet)")
+    error = episode_mismatch(method, task)
+    if error:
+        raise ValueError(error)
     if method.rollout == "dynamic":
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"dynamic sampling needs `num_groups` (mixed groups wanted), a "
@@ -204,7 +214,7 @@ def _engine_stats(clock: PhaseClock) -> dict:
 
 def collect(method: Method, model, tokenizer, task, examples, *, key,
             sampling: SamplingParams, rollout: RolloutConfig = RolloutConfig(),
-            num_groups: int | None = None) -> tuple[dict, RolloutStats]:
+            num_groups: int | None = None, pool=None) -> tuple[dict, RolloutStats]:
     """Sample, verify and assemble one training batch for ``method``.
 
     Args:
@@ -219,6 +229,8 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         the temperature must equal the loss config's.
       rollout: :class:`RolloutConfig`.
       num_groups: ``P`` for ``dynamic`` (required); for the others None or ``len(examples)``.
+      pool: an episode task's environments (:class:`hindsight.envs.EnvPool`, kept across calls
+        by a training run); None: a pool of one worker per row for this call.
     Returns:
       ``(batch, stats)``: the batch of :mod:`hindsight.batch` (host numpy arrays, ``B = P
       * G`` rows, groups contiguous) with ``logp_old``, ``advantages`` and ``rewards`` (DAPO: shaped
@@ -236,7 +248,7 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         verifier = _NO_VERIFIER
         groups, rewards, advantages, extra = _play(method, model, tokenizer, task, examples,
                                                    key=key, params=params, rollout=rollout,
-                                                   clock=clock)
+                                                   clock=clock, pool=pool)
     else:
         with Verifier(task, tokenizer, workers=rollout.verify_workers) as verifier:
             groups, rewards, advantages, extra = _sample(method, model, tokenizer, verifier,
@@ -271,17 +283,33 @@ _NO_VERIFIER = _NoVerifier()
 
 
 def _play(method: Method, model, tokenizer, task, examples, *, key, params: SamplingParams,
-          rollout: RolloutConfig, clock: PhaseClock):
-    """An episode task's groups: ``G`` episodes per example, one environment worker each."""
-    groups, played = play(model, tokenizer, task, examples, key=key, params=params,
-                          group_size=method.group_size, options=rollout.episodes,
-                          slots=rollout.slots, chunk_steps=rollout.chunk_steps, clock=clock)
+          rollout: RolloutConfig, clock: PhaseClock, pool):
+    """An episode task's groups: ``G`` episodes per example (HDL: a tree of episodes), one
+    environment worker each."""
+    tree = method.config if method.rollout == "hdl_tree" else None
+    groups, played, infos = play(model, tokenizer, task, examples, key=key, params=params,
+                                 group_size=method.group_size, options=rollout.episodes,
+                                 slots=rollout.slots, chunk_steps=rollout.chunk_steps, clock=clock,
+                                 tree=tree, tree_options=rollout.tree, pool=pool)
     rewards = np.concatenate([grp.rewards for grp in groups])
     statuses = collections.Counter(ep.status for eps in played for ep in eps)
     extra = dict(turns_per_episode=float(np.mean([len(ep.actions) for eps in played
                                                   for ep in eps])),
                  episode_statuses=dict(statuses))
-    return groups, rewards, None, extra
+    advantages = None
+    if infos is not None:
+        advantages = tree_advantages(rewards, [i.layout for i in infos],
+                                     group_size=method.group_size, baseline=tree.baseline)
+        extra.update(_tree_extras(tokenizer, groups, infos, rollout))
+    return groups, rewards, advantages, extra
+
+
+def _tree_extras(tokenizer, groups, infos, rollout: RolloutConfig) -> dict:
+    return dict(branch_positions=[i.points.tolist() for i in infos],
+                reflection_tokens=[int(i.reflection_lengths.sum()) for i in infos],
+                branch_sources=[i.sources for i in infos],
+                reflections=[r for i in infos for r in i.reflections][:rollout.num_sample_texts],
+                trace=_root_trace(tokenizer, groups[0], infos[0]))
 
 
 def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, key,
@@ -298,12 +326,7 @@ def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, k
         rewards = np.concatenate([grp.rewards for grp in groups])
         advantages = tree_advantages(rewards, [i.layout for i in infos], group_size=g,
                                      baseline=config.baseline)
-        extra = dict(branch_positions=[i.points.tolist() for i in infos],
-                     reflection_tokens=[int(i.reflection_lengths.sum()) for i in infos],
-                     branch_sources=[i.sources for i in infos],
-                     reflections=[r for i in infos for r in i.reflections][
-                         :rollout.num_sample_texts],
-                     trace=_root_trace(tokenizer, groups[0], infos[0]))
+        extra = _tree_extras(tokenizer, groups, infos, rollout)
     else:
         if method.rollout == "group":
             groups = sample_groups(model, tokenizer, verifier, examples, group_size=g, **common)

@@ -91,20 +91,24 @@ def followup_turn(tokenizer, user: str, *, first: str = "question") -> list[int]
 
 
 def hindsight_context(tokenizer, example: Example, feedback: str, reflection: list[int], *,
-                      max_reflection_tokens: int, templates: Templates = Templates()) -> list[int]:
+                      max_reflection_tokens: int, templates: Templates = Templates(),
+                      question: str | None = None) -> list[int]:
     """Token ids of the hindsight context ``h`` (question, feedback, reflection, instruction).
 
     Args:
       reflection: the reflection's token ids (as sampled; special tokens are dropped on decoding).
       max_reflection_tokens: the reflection is cut from the left to its last this-many tokens, so
         ``h`` stays bounded whatever the reflection call produced (spec §2 numerics).
+      question: the policy's first user turn when it is not ``example.prompt`` (an episode's:
+        the task's instructions and the environment's first observation).
     """
     if max_reflection_tokens < 0:
         raise ValueError(f"`max_reflection_tokens` must be >= 0, got {max_reflection_tokens}")
     kept = list(reflection)[len(reflection) - max_reflection_tokens:] if max_reflection_tokens \
         else []
     text = tokenizer.decode(kept, skip_special_tokens=True).strip()
-    user = templates.hindsight.format(question=example.prompt, feedback=feedback, reflection=text)
+    user = templates.hindsight.format(question=example.prompt if question is None else question,
+                                      feedback=feedback, reflection=text)
     return encode_prompt(tokenizer, user)
 
 

@@ -243,14 +243,17 @@ class Engine:
         return req.rid
 
     def submit_branch(self, rollouts: Rollouts, rows, positions, counts=1, *, key=None, row_keys=None,
-                      max_new_tokens=None, keep_cache: bool = False, tag=None) -> int:
+                      max_new_tokens=None, stop_check: Callable | None = None,
+                      keep_cache: bool = False, tag=None) -> int:
         """Queue ``counts[i]`` continuations of ``rollouts`` row ``rows[i]`` from response position
         ``positions[i]`` (that token is resampled; see :func:`hindsight.sampling.branch`).
 
         ``rollouts`` must carry its cache (e.g. ``submit(..., keep_cache=True)``, or any `generate`
         / `branch` result) and have this engine's ``max_len``. ``max_new_tokens``: per-new-row cap
         on the *total* response length (default: the source row's); it must exceed the branch
-        position.
+        position. ``stop_check``: as in :meth:`submit`, on the whole response (the kept prefix
+        before the branch position included), e.g. to end a branched episode turn at its action's
+        closing tag.
         """
         if rollouts.state.tokens.shape[1] != self.max_len:
             raise ValueError(f"rollouts have cache length {rollouts.state.tokens.shape[1]}, engine {self.max_len}")
@@ -275,6 +278,7 @@ class Engine:
                             max_new=max_new, keys=keys, stops=stops, keep_cache=keep_cache)
         req.logprobs, req.policy_logprobs = np.where(keep, lp, 0), np.where(keep, plp, 0)
         req.parents, req.branch_positions = src, pos
+        req.stop_check = _checked_stop(stop_check)
         req.caches, req.cache_of, req.source_rows = [rollouts.state.cache], np.zeros(n, np.int32), src
         self._branches.append(req)
         return req.rid

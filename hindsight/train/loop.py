@@ -54,7 +54,8 @@ import numpy as np
 
 from hindsight.methods import LMHead
 from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
-from hindsight.rollout.episodes import play
+from hindsight.rollout.collect import episode_mismatch
+from hindsight.rollout.episodes import env_pool, play
 from hindsight.rollout.runtime import with_eos
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import EpisodeTask, get_task
@@ -146,28 +147,43 @@ def vocab_mask(tokenizer, vocab_size: int):
     return None if size == vocab_size else jnp.arange(vocab_size) < size
 
 
-def rollout_step(xp: Experiment, model, tokenizer, task, sampling: SamplingParams, *, step: int):
+def rollout_step(xp: Experiment, model, tokenizer, task, sampling: SamplingParams, *, step: int,
+                 pool=None):
     """``(batch, stats)`` of the rollout of training step ``step`` (0-based): the step's prompts
     (:func:`train_examples`), sampled, verified and assembled by
-    :func:`hindsight.rollout.collect` with the run's key ``fold_in(key(seed), step)``."""
+    :func:`hindsight.rollout.collect` with the run's key ``fold_in(key(seed), step)``; an episode
+    task's environments in ``pool`` (None: a pool for the call)."""
     exp = xp.config
     examples = train_examples(task, seed=exp.seed, step=step, count=exp.rollout.prompts_per_step)
     if xp.method.rollout != "dynamic":
         examples = list(itertools.islice(examples, exp.rollout.prompts_per_step))
     return collect(xp.method, model, tokenizer, task, examples,
                    key=jax.random.fold_in(jax.random.key(exp.seed), step), sampling=sampling,
-                   rollout=rollout_config(xp), num_groups=exp.rollout.prompts_per_step)
+                   rollout=rollout_config(xp), num_groups=exp.rollout.prompts_per_step,
+                   pool=pool)
 
 
-def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key) -> float:
-    """Mean reward of one sample per held-out example (``eval.*``)."""
+def episode_pool(xp: Experiment, task):
+    """The run's environment pool for an episode task (None for other tasks): enough workers for
+    a step's episodes and for an evaluation's, started once for the whole run."""
+    if not isinstance(task, EpisodeTask):
+        return None
+    exp = xp.config
+    workers = max(exp.rollout.prompts_per_step * xp.method.group_size, exp.eval.num_examples, 1)
+    return env_pool(task, workers=workers, options=rollout_config_of(exp).episodes)
+
+
+def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key, pool=None) -> float:
+    """Mean reward of one sample per held-out example (``eval.*``); an episode task's
+    environments in ``pool`` (None: a pool for the call)."""
     e = exp.eval
     examples = task.examples(split=e.split, count=e.num_examples, seed=exp.seed)
     params = with_eos(sampling_params(exp, temperature=e.temperature), tokenizer)
     if isinstance(task, EpisodeTask):  # one episode per example; its return is the reward
-        groups, _ = play(model, tokenizer, task, examples, key=key, params=params, group_size=1,
-                         options=rollout_config_of(exp).episodes, slots=exp.rollout.slots,
-                         chunk_steps=exp.rollout.chunk_steps)
+        groups, _, _ = play(model, tokenizer, task, examples, key=key, params=params,
+                            group_size=1, options=rollout_config_of(exp).episodes,
+                            slots=exp.rollout.slots, chunk_steps=exp.rollout.chunk_steps,
+                            pool=pool)
         return float(np.mean([g.rewards.mean() for g in groups]))
     return float(sample_rewards(model, tokenizer, task, examples, key=key, params=params,
                                 samples=1, slots=exp.rollout.slots,
@@ -197,13 +213,9 @@ def preflight(xp: Experiment):
     if exp.eval.split not in SPLITS:
         raise ConfigError(f"eval.split must be one of {list(SPLITS)}, got {exp.eval.split!r}")
     if isinstance(task, EpisodeTask):
-        method = xp.method
-        if method.rollout != "group" or method.contexts:
-            raise ConfigError(f"task.name={task.name!r} is played as episodes, which run the "
-                              f"'group' rollout with the policy context only; method "
-                              f"{method.name!r} needs rollout {method.rollout!r} and contexts "
-                              f"{list(method.contexts)} (HDL trees and teacher contexts on "
-                              f"episodes are not built yet)")
+        error = episode_mismatch(xp.method, task)
+        if error:
+            raise ConfigError(f"task.name={task.name!r}: {error}")
         if exp.rollout.episode_tokens <= exp.rollout.max_new_tokens:
             raise ConfigError(f"rollout.episode_tokens ({exp.rollout.episode_tokens}) must exceed "
                               f"rollout.max_new_tokens ({exp.rollout.max_new_tokens}), which caps "
@@ -404,22 +416,25 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
             return False
         return step == t.num_steps or (exp.eval.every and step % exp.eval.every == 0)
 
-    if start == 0 and exp.eval.num_examples:
-        evals.append((0, evaluate(policy(), tokenizer, task, exp,
-                                  key=jax.random.fold_in(root_key, EVAL_STREAM))))
-        logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)
+    pool = episode_pool(xp, task)  # one pool for the run, closed with the loop's context
     stop = _StopFlag()
     saved_at, nonfinite = start, 0
     primary = jax.process_index() == 0
     if primary:
         truncate_jsonl(os.path.join(workdir, "samples.jsonl"), start if start > 0 else -1)
     with stop.installed(), open(os.path.join(workdir, "samples.jsonl") if primary else os.devnull,
-                                "a", encoding="utf-8") as samples:
+                                "a", encoding="utf-8") as samples, \
+            (pool or contextlib.nullcontext()):
+        if start == 0 and exp.eval.num_examples:
+            evals.append((0, evaluate(policy(), tokenizer, task, exp,
+                                      key=jax.random.fold_in(root_key, EVAL_STREAM), pool=pool)))
+            logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)
         for step in range(start, t.num_steps):
             if stop.stop:
                 break
             t0 = time.perf_counter()
-            batch, stats = rollout_step(xp, policy(), tokenizer, task, sampling, step=step)
+            batch, stats = rollout_step(xp, policy(), tokenizer, task, sampling, step=step,
+                                        pool=pool)
             if stop.stop:
                 break  # the rollout is discarded; the state is still that of `step`
             t1 = time.perf_counter()
@@ -452,7 +467,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                           tokens_per_s=float(np.sum(stats.generated_tokens)) / (t2 - t0))
             if eval_due(step + 1):
                 evals.append((step + 1, evaluate(policy(), tokenizer, task, exp,
-                                                 key=jax.random.fold_in(root_key, EVAL_STREAM))))
+                                                 key=jax.random.fold_in(root_key, EVAL_STREAM),
+                                                 pool=pool)))
                 record["eval_reward"] = evals[-1][1]
             logger.write(step + 1, record)
             samples.write(json.dumps(_sample_record(step + 1, stats)) + "\n")

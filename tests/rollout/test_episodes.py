@@ -7,7 +7,7 @@ import pytest
 
 from hindsight.envs import EnvPool, EnvSpec
 from hindsight.rollout import assemble, context_logprobs
-from hindsight.rollout.episodes import sample_episodes
+from hindsight.rollout.episodes import EpisodeOptions, env_pool, play, sample_episodes
 from hindsight.rollout.prompts import followup_turn
 from hindsight.rollout.runtime import PhaseClock
 from hindsight.sampling import SamplingParams
@@ -115,3 +115,22 @@ def test_a_crashing_environment_ends_its_episode_not_the_run(model, tokenizer):
     assert [ep.status for ep in played[0]] == ["crashed", "crashed"]
     assert "died" in played[0][0].feedback
     assert not groups[0].loss_mask.any() and groups[0].lengths.min() >= 1
+
+
+def test_one_pool_serves_successive_rollouts(model, tokenizer):
+    """A training run keeps one pool: later rollouts reuse its environment processes."""
+    task = get_task("textgame")
+    options = EpisodeOptions(max_turns=2, episode_tokens=256, step_timeout=30.0,
+                             reset_timeout=60.0)
+    with env_pool(task, workers=4, options=options) as pool:
+        for seed in range(2):
+            groups, _, _ = play(model, tokenizer, task, task.examples(split="train", count=2,
+                                                                      seed=seed),
+                                key=jax.random.key(seed), params=PARAMS, group_size=2,
+                                options=options, pool=pool)
+            assert [g.size for g in groups] == [2, 2]
+        assert pool.stats["workers"] == 4 and pool.stats["requests"] > 8
+    with env_pool(_Crashing(), workers=2, options=options) as other:
+        with pytest.raises(ValueError, match="runs environment 'faulty'"):
+            play(model, tokenizer, task, task.examples(split="train", count=1, seed=0),
+                 key=jax.random.key(0), params=PARAMS, group_size=2, options=options, pool=other)

@@ -28,7 +28,7 @@ def test_grpo_trains_on_textgame_episodes(tmp_path):
     assert "[turn 0]" in sample["texts"][0] and "[observation]" in sample["texts"][0]
 
 
-@pytest.mark.parametrize("method", ["hdl", "opsd"])
+@pytest.mark.parametrize("method", ["opsd", "dapo"])
 def test_methods_episodes_cannot_serve_are_refused(method, tmp_path):
     config = importlib.import_module(f"configs.{method}").get_config("tiny-textgame")
     with pytest.raises(ConfigError, match="played as episodes"):
@@ -49,3 +49,17 @@ def test_smollm2_episode_variants_pass_preflight(variant):
     task, sampling = preflight(xp)
     assert task.name == variant.split("-", 1)[1] and sampling.max_new_tokens == 48
     assert xp.config.rollout.episode_tokens > sampling.max_new_tokens
+
+
+def test_hdl_trains_on_textgame_episode_trees(tmp_path):
+    config = importlib.import_module("configs.hdl").get_config("tiny-textgame")
+    config.train.update(num_steps=1, save_every=1)
+    summary = run(config, str(tmp_path / "run"), progress=False)
+    assert summary["final_step"] == 1
+    with open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8") as f:
+        step = next(r for r in map(json.loads, f) if "loss" in r)
+    assert step["turns_per_episode"] == 3.0 and step["count/policy"] > 0
+    with open(tmp_path / "run" / "samples.jsonl", encoding="utf-8") as f:
+        sample = json.loads(f.readline())
+    # a continuation's rendering marks where it left its root
+    assert any("[branch]" in text for text in sample["texts"]) and sample["branch_positions"]

@@ -1,0 +1,119 @@
+"""HDL trees on episodes (tiny char model, the textgame environment): the tree layout, branch points
+on action tokens only, a continuation's history equal to its root's up to the branch point and
+reused from the root's cache (no prefill), its environment replayed to the branch turn (its later
+observations are the environment's answers to its own actions), its logp_old equal to a
+teacher-forced re-score, the loss mask from the branch point on."""
+import jax
+import numpy as np
+import pytest
+
+from hindsight.envs import EnvPool
+from hindsight.envs.textgame import TextGame
+from hindsight.methods.hdl import HDLConfig
+from hindsight.rollout import assemble, context_logprobs
+from hindsight.rollout.branching import TreeLayout
+from hindsight.rollout.episode_trees import sample_episode_trees
+from hindsight.rollout.hdl import TreeOptions
+from hindsight.rollout.runtime import PhaseClock
+from hindsight.sampling import SamplingParams
+from hindsight.tasks import get_task
+
+PARAMS = SamplingParams(max_new_tokens=10, stop_tokens=(2,))
+CONFIG = HDLConfig(num_roots=2, num_points=2, counts=(2, 1), tail_guard=2, min_gap_floor=2,
+                   min_prefix_fraction=0.25)
+OPTIONS = TreeOptions(reflection_max_tokens=6, feedback_max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def played(model, tokenizer):
+    task = get_task("textgame")
+    examples = task.examples(split="train", count=2, seed=0)
+    clock = PhaseClock()
+    with EnvPool(task.env, workers=len(examples) * CONFIG.group_size, step_timeout=30.0,
+                 reset_timeout=60.0) as pool:
+        groups, infos, episodes = sample_episode_trees(
+            model, tokenizer, task, pool, examples, key=jax.random.key(3), params=PARAMS,
+            config=CONFIG, options=OPTIONS, max_turns=3, episode_tokens=512, clock=clock)
+    return task, examples, groups, infos, episodes, clock
+
+
+def test_layout_and_branch_points_on_action_tokens(played):
+    task, examples, groups, infos, episodes, _ = played
+    assert len(groups) == 2 and all(g.size == CONFIG.group_size for g in groups)
+    for group, info, eps in zip(groups, infos, episodes):
+        lay = info.layout
+        roots = np.nonzero(lay.kind == TreeLayout.ROOT)[0]
+        assert roots.tolist() == [0, 4]
+        for j, r in enumerate(roots):
+            action = group.loss_mask[r]
+            n = int(group.lengths[r])
+            # scores only where the root acted; zero on observations and past the end
+            assert (info.scores[j][~action] == 0).all() and info.scores.shape[1] == 512
+            for p in info.points[j]:
+                if p >= 0:
+                    assert action[p] and p < n
+        for i in range(group.size):
+            ep = eps[i]
+            assert ep.status in ("done", "turns", "context") and ep.key[1] == i
+            if lay.kind[i] != TreeLayout.CONTINUATION:
+                assert group.branch_positions[i] == 0
+                continue
+            r = int(roots[lay.root[i]])
+            p = int(group.branch_positions[i])
+            assert p == lay.position[i] and p in info.points[lay.root[i]]
+            # the shared history: the root's tokens up to the branch point, trained only there
+            np.testing.assert_array_equal(group.tokens[i, :p], group.tokens[r, :p])
+            turn, _ = eps[r].locate(p)
+            assert eps[i].actions[:turn] == eps[r].actions[:turn]
+            assert not group.loss_mask[i, :p].any()
+            t = np.arange(group.tokens.shape[1])
+            acted = (group.turn_ids[i] >= 0)
+            np.testing.assert_array_equal(group.loss_mask[i], acted & (t >= p))
+            assert group.loss_mask[i, p] and group.turn_ids[i, p] == turn
+
+
+def test_continuations_replay_their_environment(played):
+    task, examples, groups, infos, episodes, _ = played
+    checked = 0
+    for k, eps in enumerate(episodes):
+        for ep in eps:
+            env = TextGame(**dict(task.env.options))
+            observations = [env.reset(task.setup(examples[k]))]
+            rewards = []
+            for action in ep.actions:
+                step = env.step(action)
+                rewards.append(step.reward)
+                observations.append(step.observation)
+                if step.done:
+                    break
+            # every observation the row saw is the environment's answer to the row's own actions
+            assert ep.observations == observations[:len(ep.observations)]
+            assert ep.rewards == pytest.approx(rewards[:len(ep.rewards)])
+            checked += ep.branch_position > 0
+    assert checked >= 4  # continuations were played, not only roots
+
+
+def test_logp_old_matches_a_rescore_and_no_prefix_is_prefilled(played, model):
+    task, examples, groups, infos, episodes, clock = played
+    rows = sum(g.size for g in groups)
+    batch = assemble(groups, np.zeros(rows, np.float32), np.zeros(rows, np.float32))
+    rescored = context_logprobs(model, batch)
+    m = batch["mask"] > 0
+    np.testing.assert_allclose(rescored[m], batch["logp_old"][m], atol=1e-5, rtol=1e-5)
+    engine = clock.engines["main"]
+    # prefills: each distinct first prompt of an example's roots, and each fresh row's; never a
+    # continuation's (its history comes from the root's cache of the branched turn)
+    want = 0
+    for info, eps in zip(infos, episodes):
+        kind = info.layout.kind
+        want += sum({eps[i].prompt.tobytes(): eps[i].prompt.size
+                     for i in np.nonzero(kind == TreeLayout.ROOT)[0]}.values())
+        want += sum(eps[i].prompt.size for i in np.nonzero(kind == TreeLayout.FRESH)[0])
+    assert engine["prefill_tokens"] == want
+    assert clock.tokens["reflection"] > 0 and "scoring" in clock.seconds()
+    # generated tokens: each continuation counts only what it sampled after the branch point
+    for g, info in zip(groups, infos):
+        t = np.arange(g.tokens.shape[1])
+        acted = sum(int(((g.turn_ids[i] >= 0) & (t >= g.branch_positions[i])).sum())
+                    for i in range(g.size))
+        assert g.generated_tokens == acted + int(info.reflection_lengths.sum())
