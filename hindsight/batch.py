@@ -16,6 +16,9 @@ Response, ``T`` positions:
   * ``logp_old [B, T]`` float32: sampler log-probs of the distribution actually sampled from.
   * ``advantages [B]`` (or ``[B, T]``) float32; ``rewards [B]`` float32.
   Which of ``logp_old`` / ``advantages`` / ``rewards`` a method reads is its ``FIELDS``.
+  * optional ``policy_row_mask [B]`` bool or 0/1: 0 on rows trained without the policy-gradient
+    term (and its KL), by the method's other terms only (OVCSD's suffix rows); absent: every row.
+    :func:`hindsight.methods.policy_gradient.policy_mask` applies it.
 
 Extra contexts: the same response teacher-forced after another prompt, named ``{name}``:
 ``{name}_tokens [B, Lc]``, ``{name}_positions [B, Lc]``, ``{name}_attention_mask [B, Lc]`` and
@@ -113,6 +116,8 @@ def check_batch(batch: Mapping, *, method: str, contexts: Iterable[str] = (),
         _check_index_range(context_key(ctx, "target_index"),
                            batch[context_key(ctx, "target_index")], tok[1])
     expect("mask", (b, t))
+    if "policy_row_mask" in batch:
+        expect("policy_row_mask", (b,))
     if "logp_old" in fields:
         expect("logp_old", (b, t))
     if "rewards" in fields:

@@ -70,6 +70,18 @@ class SurrogateConfig(LossConfig):
         check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
 
 
+def policy_mask(batch: Mapping) -> jax.Array:
+    """``[B, T]`` the loss mask of the policy-gradient term: ``batch["mask"]`` with the rows
+    whose ``policy_row_mask`` is 0 cleared (:mod:`hindsight.batch`); the mask itself when the
+    batch has none. The term's count (its normaliser) follows, so such rows neither add to the
+    term nor dilute it."""
+    mask = batch["mask"]
+    if "policy_row_mask" not in batch:
+        return mask
+    keep = as_mask(batch["policy_row_mask"])[:, None]
+    return jnp.where(keep, mask, jnp.zeros((), jnp.asarray(mask).dtype))
+
+
 def policy_rows(model, batch: Mapping, config: LossConfig, *, head: LMHead | None = None,
                 reference=None, teacher: Side | None = None,
                 teacher_kl: bool = False) -> dict[str, jax.Array]:
@@ -123,7 +135,7 @@ def surrogate_terms(rows: Mapping[str, jax.Array], batch: Mapping, config: Surro
       fractions, ratio, approx_kl; ``kl`` when ``rows`` has ``ref_logp`` and the KL is not a term)
       plus the policy ``entropy`` (token-mean over the loss mask).
     """
-    mask = batch["mask"]
+    mask = policy_mask(batch)
     total, count, metrics = policy_loss(
         rows["logp"], batch["logp_old"], batch["advantages"], mask, eps_low=config.eps_low,
         eps_high=config.eps_high, dual_clip=config.dual_clip, mode=mode, norm=norm,
@@ -166,7 +178,7 @@ def surrogate_loss(model, batch: Mapping, config: SurrogateConfig, *, head: LMHe
         rows = policy_rows(model, batch, config, head=head, reference=reference)
         return Loss(*surrogate_terms(rows, batch, config, mode=mode, norm=norm, kl_coef=kl_coef,
                                      kl_estimator=kl_estimator))
-    mask = batch["mask"]
+    mask = policy_mask(batch)
     m = as_mask(mask)
     weights = token_weights(mask, mode=mode, norm=norm)
     _, count = aggregate(jnp.zeros(weights.shape, jnp.float32), mask, mode=mode, norm=norm)
