@@ -12,6 +12,9 @@ parameters; pass@k for every power of two ``k <= n`` by the unbiased estimator).
 evaluates the latest checkpoint of a run directory instead of the config's model (the run's own
 ``config.json`` then gives the model; the task and sampling come from ``--config``).
 
+``--rescore=results.json`` verifies a run's saved greedy responses again under the task's current
+verifier (no model): what a verifier or extraction change does to the same responses.
+
 Writes ``results.json`` (the summary and, per problem, rewards and the greedy response and
 feedback) and ``results.md`` under ``--output`` (default ``runs/eval-<method>-<variant>``), and
 prints one JSON object last: ``pass@1``, ``pass@k`` (when sampled), ``num_problems``,
@@ -35,6 +38,9 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "a run directory: evaluate
                                   "checkpoint's policy")
 _OUTPUT = flags.DEFINE_string("output", None, "directory for results.json / results.md")
 _PROGRESS = flags.DEFINE_bool("progress", True, "draw a progress bar")
+_RESCORE = flags.DEFINE_string("rescore", None, "a results.json of this command: check its saved "
+                                "greedy responses again under the task's current verifier (no "
+                                "model, no decoding) and report both pass@1s")
 _BLOCK = flags.DEFINE_integer("block", 0, "problems per engine run (the progress bar's step); "
                                "0: enough rows for twice the engine's slots, so the slots stay "
                                "full while a block's longest responses finish")
@@ -112,6 +118,39 @@ def evaluate(config, *, checkpoint: str | None, progress: bool, block: int) -> d
     return out
 
 
+def rescore(config, path: str) -> dict:
+    """The greedy responses saved in ``path`` (a ``results.json``) verified again by the config's
+    task: what a change of the verifier or of the code extraction does to the same responses."""
+    from hindsight.train.experiment import resolve
+    from hindsight.train.loop import preflight
+
+    with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+    task, _ = preflight(resolve(config))
+    exp = resolve(config).config
+    split = task.split_examples(exp.eval.split) if hasattr(task, "split_examples") else None
+    examples = split if split is not None else task.examples(
+        split=exp.eval.split, count=saved["num_problems"], seed=exp.seed)
+    by_id = {_problem_id(ex, i): ex for i, ex in enumerate(examples)}
+    missing = [p["id"] for p in saved["problems"] if p["id"] not in by_id]
+    if missing:
+        raise ValueError(f"{path} holds problems {missing[:5]} that the config's task "
+                         f"{saved['task']!r} does not have")
+    start = time.perf_counter()
+    problems = []
+    for p in saved["problems"]:
+        verdict = task.verify(by_id[p["id"]], p["greedy_response"])
+        problems.append({**p, "saved_reward": p["greedy_reward"], "greedy_reward": verdict.reward,
+                         "greedy_feedback": verdict.feedback})
+    rewards = [p["greedy_reward"] for p in problems]
+    return {**{k: v for k, v in saved.items() if k not in ("problems", "pass@k")},
+            "pass@1": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "mean_reward": sum(rewards) / len(rewards),
+            "saved_pass@1": saved["pass@1"], "rescored_from": path,
+            "changed": [p["id"] for p in problems if p["greedy_reward"] != p["saved_reward"]],
+            "rescore_seconds": round(time.perf_counter() - start, 2), "problems": problems}
+
+
 def markdown(result: dict) -> str:
     lines = [f"# {result['task']} ({result['split']} split) — {result['model']}", "",
              "| metric | value |", "|---|---|",
@@ -139,8 +178,12 @@ def main(argv) -> int:
     variant = spec.partition(":")[2] or "default"
     output = _OUTPUT.value or os.path.join("runs", f"eval-{config.method}-{variant}")
     try:
-        result = evaluate(config, checkpoint=_CHECKPOINT.value, progress=_PROGRESS.value,
-                          block=_BLOCK.value)
+        if _RESCORE.value:
+            result = rescore(config, _RESCORE.value)
+            output = _OUTPUT.value or os.path.dirname(os.path.abspath(_RESCORE.value)) + "-rescored"
+        else:
+            result = evaluate(config, checkpoint=_CHECKPOINT.value, progress=_PROGRESS.value,
+                              block=_BLOCK.value)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
-"""Episodes on SmolLM2-135M-Instruct through the real rollout layer: how fast episodes are played,
-how full the engine's slots stay while environments step, and how long decoding waited for them.
+"""Episodes on SmolLM2-135M-Instruct (``--model``: or Qwen2.5-Coder-0.5B) through the real rollout
+layer: how fast episodes are played, how full the engine's slots stay while environments step, and
+how long decoding waited for them.
 
 GRPO groups of ``G`` episodes per prompt (``hindsight.rollout.collect`` on an episode task: one
 environment worker per episode, each turn continued from the row's cache), on ScienceWorld's
@@ -23,6 +24,7 @@ seconds_GRPO`` (rollout seconds); the episode figures above are the GRPO arm's, 
 ``hdl``.
 
     python -m experiments.bench.episodes [--quick] [--task scienceworld|textgame|search_qa]
+        [--model qwen2.5-coder-0.5b-instruct] [--counts 2,1]
 
 The last line printed is one JSON object.
 """
@@ -53,6 +55,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--episode-tokens", type=int, default=1536)
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="smollm2-135m-instruct (temperature 0.7, min-p 0.2) or "
+                             "qwen2.5-coder-0.5b-instruct (make qwen; 0.7, top-p 0.8, top-k 20)")
     parser.add_argument("--counts", default=None,
                         help="HDL continuations per branch point, best first (default 2,1; "
                              "--quick 1,1)")
@@ -76,9 +81,10 @@ def main(argv=None) -> dict:
                                       rollout=shape(None))
     g = args.group or hdl.group_size
     methods = {"grpo": get_method("grpo").configure(rollout=shape(g)), "hdl": hdl}
-    model, tok = load("smollm2-135m-instruct")
+    model, tok = load(args.model)
     task = get_task(task_name)
-    params = SamplingParams(temperature=0.7, min_p=0.2, max_new_tokens=args.turn_tokens)
+    truncation = dict(top_p=0.8, top_k=20) if args.model.startswith("qwen") else dict(min_p=0.2)
+    params = SamplingParams(temperature=0.7, max_new_tokens=args.turn_tokens, **truncation)
     rollout = RolloutConfig(slots=args.slots, episodes=EpisodeOptions(
         max_turns=turns, episode_tokens=args.episode_tokens),
         tree=TreeOptions(reflection_max_tokens=32, feedback_max_tokens=64))
@@ -99,7 +105,8 @@ def main(argv=None) -> dict:
         walls[name] = time.perf_counter() - start
         _log(f"{name}: {sum(stats[name].generated_tokens)} tokens, "
              f"{stats[name].seconds['total']:.1f} s")
-    result = {"bench": "episodes", "quick": args.quick, "task": task_name, "prompts": p,
+    result = {"bench": "episodes", "quick": args.quick, "model": args.model, "task": task_name,
+              "prompts": p,
               "group": g, "max_turns": turns, "turn_tokens": args.turn_tokens,
               "episode_tokens": args.episode_tokens, "slots": args.slots,
               **_arm(stats["grpo"], walls["grpo"], p * g)}

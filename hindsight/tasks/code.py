@@ -7,6 +7,7 @@ calls :func:`verify_program` with its records' fields.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import gzip
@@ -50,7 +51,8 @@ def extract_code(response: str, *, prompt: str, entry_point: str | None = None) 
     top-level function of the prompt. When the code defines the entry point, the part of the
     prompt before the entry point's ``def`` (its imports and helper functions) is prepended;
     otherwise, when the prompt is code ending in the entry point's signature, the code is its
-    completion: prompt + code. Anything else is returned as it is."""
+    completion: prompt + code. Either program is then :func:`sanitize` d (the model's own test
+    lines removed). Anything else is returned as it is."""
     blocks = [_unindent(m.group(3), m.group(1)) for m in _FENCE.finditer(response)
               if m.group(2).lower() in _PYTHON_FENCES]
     entry_point = entry_point or next(reversed(_TOP_LEVEL_DEF.findall(prompt)), None)
@@ -64,8 +66,65 @@ def extract_code(response: str, *, prompt: str, entry_point: str | None = None) 
     signature = re.search(rf"^(?:async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(",
                           prompt, re.M)
     if _defines(code, entry_point):
-        return (prompt[:signature.start()] if signature else "") + code
-    return prompt + code if signature else code
+        return sanitize((prompt[:signature.start()] if signature else "") + code,
+                        entry_point=entry_point)
+    return sanitize(prompt + code) if signature else code
+
+
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def sanitize(program: str, *, entry_point: str | None = None) -> str:
+    """``program`` without the model's own trials: only its imports, functions, classes and
+    assignments that call none of its functions are kept (top-level prints, asserts, loops,
+    ``if __name__ == "__main__":`` blocks and ``result = solve(...)`` lines go). With
+    ``entry_point`` (a program whose code defines it), a program that does not parse (a response
+    cut at the token limit inside its trailing test lines) is cut before its last top-level
+    statements after the entry point's definition until it does; lines inside a function are
+    never cut. The tests judge the functions, as EvalPlus's ``sanitize`` does (OUR CHOICE of
+    rules, after it): a wrong self-check or a print cut mid-line no longer fails a correct
+    solution. A program that does not parse otherwise is returned unchanged (its syntax error is
+    the feedback), and so is one with nothing to remove."""
+    lines = program.splitlines(keepends=True)
+    ends = [len(lines)]
+    if entry_point is not None:
+        starts = [i for i, line in enumerate(lines)
+                  if re.match(rf"(?:async[ \t]+)?def[ \t]+{re.escape(entry_point)}[ \t]*\(", line)]
+        if starts:  # top-level statement starts after the entry point's def, latest first
+            ends += [i for i in range(len(lines) - 1, starts[-1], -1)
+                     if lines[i][:1] not in ("", " ", "\t", "\n", "#", ")", "]", "}")]
+    tree = end = None
+    for end in ends:
+        try:
+            tree = ast.parse("".join(lines[:end]))
+            break
+        except (SyntaxError, ValueError):
+            continue
+    if tree is None:
+        return program
+    defined = {n.name for n in tree.body if isinstance(n, _DEFINITIONS[2:])}
+
+    def calls_own(node) -> bool:
+        return any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                   and c.func.id in defined for c in ast.walk(node))
+
+    def keep(node) -> bool:
+        if isinstance(node, _DEFINITIONS):
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            return not calls_own(node)
+        if isinstance(node, ast.Try):  # an import with a fallback
+            return all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in node.body)
+        return False
+
+    kept = []
+    for node in tree.body:
+        if keep(node):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            kept.append("".join(lines[first - 1:node.end_lineno]))
+    if len(kept) == len(tree.body) and end == len(lines):
+        return program
+    return "\n".join(k.rstrip("\n") + "\n" for k in kept)
 
 
 def _harness(code, test, entry_point, check_call, nonce):

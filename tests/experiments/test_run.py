@@ -43,6 +43,15 @@ def test_launch_with_overrides_writes_the_run_directory(tmp_path):
         saved = json.load(f)
     assert len(saved["problems"]) == 3 and saved["pass@1"] == result["pass@1"]
     assert (tmp_path / "eval" / "results.md").read_text().startswith("# even_length (test split)")
+    # the saved responses checked again under the current verifier: the same verdicts
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", "--config=configs/grpo.py:tiny",
+         f"--rescore={tmp_path / 'eval' / 'results.json'}", "--config.eval.num_examples=3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    again = json.loads(out.stdout.strip().splitlines()[-1])
+    assert again["pass@1"] == again["saved_pass@1"] == result["pass@1"] and again["changed"] == []
+    assert (tmp_path / "eval-rescored" / "results.json").exists()
 
 
 def test_wrong_key_and_missing_workdir_fail_fast(tmp_path):

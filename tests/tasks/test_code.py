@@ -201,3 +201,22 @@ def test_humaneval_every_problem(form):
     if reward == 0.0:
         assert all("assertion failed" in v.feedback or "Error" in v.feedback for v in verdicts)
     print(f"{form}: {len(examples)} runs in {seconds:.1f} s on {os.cpu_count()} CPUs")
+
+
+def test_the_models_own_trials_are_not_run():
+    """A correct function followed by the model's own (wrong) self-check, prints and a test line
+    cut at the token limit still passes: only definitions are kept (sanitize)."""
+    response = ("```python\nimport math\n\nSCALE = 2\n\n@staticmethod\ndef unused():\n    pass\n\n"
+                "def double_all(xs):\n    return [SCALE * x for x in xs]\n\n"
+                "assert double_all([1]) == [3]  # the model's own wrong check\n"
+                "result = double_all([5])\nprint(result)\nif __name__ == '__main__':\n"
+                "    print(double_all([2]))\n# Test cases\nprint(double_all([1, 2, 3")
+    program = extract_code(response, prompt=PROMPT, entry_point="double_all")
+    assert "assert" not in program and "print" not in program and "result" not in program
+    assert "SCALE = 2" in program and "@staticmethod" in program and "import math" in program
+    assert verify(response).reward == 1.0
+    # a completion is sanitized too; a program that never parses is left for its syntax error
+    assert verify("    return [2 * x for x in xs]\n\nprint(double_all([1]))\nassert False\n"
+                  ).reward == 1.0
+    broken = "```python\ndef double_all(xs)\n    return xs\n```"
+    assert verify(broken).feedback.startswith("SyntaxError")
