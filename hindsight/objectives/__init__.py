@@ -1,4 +1,5 @@
-"""Objectives: advantages, policy surrogates, KL penalties, reward shaping and distillation losses.
+"""Objectives: advantages (GRPO's, and the teacher-modulated ones of GRSD, RLSD, ATOD, H²SD, CriPO),
+policy surrogates, KL penalties, reward shaping and distillation losses.
 
 Every loss returns ``(sum, count)`` plus a metrics dict of ``(sum, count)`` pairs, so that token means
 are exact across micro-batches and devices: add the pairs up, then divide once per optimizer step with
@@ -13,6 +14,9 @@ from hindsight.objectives.kl_estimators import ESTIMATORS, kl_penalty
 from hindsight.objectives.policy import (RATIO_LEVELS, clipped_surrogate, policy_loss,
                                          token_surrogate)
 from hindsight.objectives.shaping import overlong_penalty
+from hindsight.objectives.teacher_advantages import (atod_advantages, flip_advantages,
+                                                     grsd_advantages, h2sd_advantages,
+                                                     rlsd_advantages)
 from hindsight.objectives.terms import Loss, Term, objective, scale, term, term_metrics
 
 __all__ = [
@@ -20,4 +24,5 @@ __all__ = [
     "finalize", "finalize_metrics", "group_advantages", "kl_penalty", "overlong_penalty",
     "objective", "policy_loss", "sampled_distillation_loss", "scale", "term", "term_metrics",
     "RATIO_LEVELS", "SCALES", "token_surrogate", "token_weights",
+    "atod_advantages", "flip_advantages", "grsd_advantages", "h2sd_advantages", "rlsd_advantages",
 ]

@@ -11,6 +11,10 @@ target, gate and credit is stop-gradient'ed; masked positions give 0; losses ret
 * :mod:`~hindsight.signals.barycenter` — DemoPSD geometric target, disagreement alpha, loss (§6).
 * :mod:`~hindsight.signals.turns` — segment reductions over the turns of multi-turn rows
   (``turn_id``, other-methods §0): turn sums / means, broadcast back to tokens, min-max.
+* :mod:`~hindsight.signals.teacher_student` — the other methods' per-token teacher / student
+  signals (other-methods §3-§14, wave-2 contract): top-K forward and top-K + tail KLs, T-DUR and
+  TurnOPD turn weights, CBSD and SEED gates, CriPO's contribution filter, β-OPSD's mixture target
+  and return-to-go, recoverability labels.
 """
 from hindsight.signals._common import LOGP_TARGET_FLOOR
 from hindsight.signals.barycenter import (barycenter_kl_from_logprobs, barycenter_loss,
@@ -29,8 +33,12 @@ from hindsight.signals.persistence import (PersistenceStats, pcsd_loss, persiste
                                            persistence_stats_from_gap)
 from hindsight.signals.pmi import (pmi_jsd_from_logprobs, pmi_loss, pmi_target,
                                    pmi_target_from_logprobs)
+from hindsight.signals.teacher_student import (cbsd_credit, contribution_filter, mixture_target,
+                                              recoverability_labels, return_to_go,
+                                              skill_shift_gate, topk_forward_kl, topk_tail_kl,
+                                              turn_loss_weights, turn_reweighting)
 from hindsight.signals.turns import (to_tokens, trajectory_minmax, turn_mean, turn_sums,
-                                     turn_valid)
+                                     turn_table, turn_valid)
 
 __all__ = [
     "BRANCH_COUNTS", "LOGP_TARGET_FLOOR", "ControllerState", "PersistenceStats",
@@ -42,5 +50,7 @@ __all__ = [
     "persistence_gate_from_gap", "persistence_loss", "persistence_stats_from_gap",
     "pmi_jsd_from_logprobs", "pmi_loss", "pmi_target", "pmi_target_from_logprobs", "polarised_kl",
     "reverse_k3", "select_branch_points", "to_tokens", "trajectory_minmax", "turn_mean",
-    "turn_sums", "turn_valid",
+    "turn_sums", "turn_valid", "turn_table", "cbsd_credit", "contribution_filter",
+    "mixture_target", "recoverability_labels", "return_to_go", "skill_shift_gate",
+    "topk_forward_kl", "topk_tail_kl", "turn_loss_weights", "turn_reweighting",
 ]

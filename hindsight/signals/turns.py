@@ -67,3 +67,24 @@ def trajectory_minmax(values: jax.Array, valid: jax.Array, *, eps: float = 1e-6)
 def turn_valid(turn_id: jax.Array, *, num_turns: int) -> jax.Array:
     """``[B, K]`` bool: the turn has at least one position."""
     return _members(turn_id, num_turns).any(axis=-2)
+
+
+def turn_table(x: jax.Array, turn_id: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-turn sums and token counts indexed by turn id, for ids in ``[0, T)`` (the wave-2
+    contract's convention), in ``O(B * T)`` memory (a segment sum, not a ``[B, T, K]`` one-hot).
+
+    Args:
+      x: ``[B, T]`` values (read only where ``valid``: garbage elsewhere never leaks).
+      turn_id: ``[B, T]`` int; valid: ``[B, T]`` bool, the positions that belong to their turn.
+    Returns:
+      ``(sums [B, T], counts [B, T])`` float32: entry ``[b, k]`` is turn ``k`` of row ``b``.
+    """
+    b, t = turn_id.shape
+    valid = valid & (turn_id >= 0) & (turn_id < t)
+    seg = jnp.where(valid, jnp.arange(b, dtype=jnp.int32)[:, None] * t + turn_id, b * t)
+    values = jnp.where(valid, x.astype(jnp.float32), 0.0)
+    sums = jax.ops.segment_sum(values.reshape(-1), seg.reshape(-1), num_segments=b * t + 1)
+    counts = jax.ops.segment_sum(valid.astype(jnp.float32).reshape(-1), seg.reshape(-1),
+                                 num_segments=b * t + 1)
+    return sums[:-1].reshape(b, t), counts[:-1].reshape(b, t)
+
