@@ -28,6 +28,7 @@ CASES = {name: dict(**options) for name, options in {
     "opsd": {},
     "opsd_pmi": {},
     "demopsd": {},
+    "rlsd": dict(lam_0=0.8),
 }.items()}
 
 VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd")
@@ -75,6 +76,15 @@ def _dense_sum(name, config, dense, batch, state):
         teacher = dense[teacher_net, "teacher"] / config.temperature
         aux, _ = persistence_loss(teacher, logits, targets, mask, loss=config.loss)
         return pg + config.lam * float(aux), count
+    if name == "rlsd":  # the surrogate with RLSD's per-token advantages at the state's step
+        lt = np.asarray(token_logprobs(dense[teacher_net, "teacher"] / config.temperature,
+                                       targets), np.float64)
+        a = np.asarray(batch["advantages"], np.float64)
+        lam = float(config.lam(state.step))
+        w = np.clip(np.exp(np.sign(a)[:, None] * (lt - np.asarray(logp, np.float64))),
+                    1 - config.eps_w, 1 + config.eps_w)
+        adv = a[:, None] * ((1 - lam) + lam * w)
+        return numpy_surrogate(logp, batch["logp_old"], adv, mask, **kw)
     if name == "craft":
         lt = token_logprobs(dense[teacher_net, "teacher"] / config.temperature, targets)
         aux, _, _ = craft_loss_terms(logp, ref_logp, lt - logp, mask, batch["advantages"],

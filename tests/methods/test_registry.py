@@ -6,7 +6,7 @@ import pytest
 from hindsight.methods import REGISTRY, ROLLOUTS, get_method
 from hindsight.batch import CONTEXT_NAMES
 
-NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd"]
+NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd", "rlsd"]
 
 
 def test_registry_holds_every_method():
@@ -37,6 +37,9 @@ def test_spec_defaults():
     craft = get_method("craft").config
     assert (craft.lambda_0, craft.mu_0, craft.theta_kl) == (0.01, 0.001, 0.1)
     assert get_method("craft").init_state is not None
+    rlsd = get_method("rlsd").config
+    assert (rlsd.eps_w, rlsd.lam_0, rlsd.lam_steps, rlsd.teacher) == (0.2, 0.5, 50, "self")
+    assert [float(rlsd.lam(s)) for s in (0, 25, 50, 80)] == [0.5, 0.25, 0.0, 0.0]
     opsd = get_method("opsd").config
     assert (opsd.beta, opsd.temperature) == (0.5, 1.1)
     assert get_method("opsd_pmi").contexts == ("teacher", "probe")
