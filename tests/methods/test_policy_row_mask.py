@@ -13,9 +13,8 @@ import hindsight.train as ht
 from hindsight.batch import check_batch
 from hindsight.methods import LMHead, RolloutShape, get_method
 from hindsight.methods.grpo import GRPOConfig
-from hindsight.methods.policy_gradient import policy_rows, surrogate_loss, surrogate_terms
+from hindsight.methods.policy_gradient import surrogate_loss
 from hindsight.methods.testing import make_batch, tiny_model
-from hindsight.objectives import Loss, objective
 
 ROWS = np.array([1, 1, 0, 1, 0, 1, 1, 1], np.float32)
 
@@ -39,39 +38,36 @@ def _marked(batch):
 
 @pytest.mark.parametrize("ratio_level", ["token", "sequence"])
 def test_a_marked_row_leaves_the_policy_term(setup, ratio_level):
+    """``ratio_level="token"`` forms the objective inside the LM head (``surrogate_loss``'s own
+    path); ``"sequence"`` goes through ``surrogate_terms(policy_rows(...))``: both paths."""
     model, batch = setup
     config = GRPOConfig(ratio_level=ratio_level)
     head = LMHead(backend="fused", chunk_size=5)
     graph, params = nnx.split(model)
 
-    def value(p, b, by_rows):
-        m = nnx.merge(graph, p)
-        if by_rows:
-            out = Loss(*surrogate_terms(policy_rows(m, b, config, head=head), b, config))
-            return objective(out.terms), out
-        out = surrogate_loss(m, b, config, head=head)
-        return out.value(), out
+    @jax.jit
+    def grad(p, b):
+        def value(p):
+            out = surrogate_loss(nnx.merge(graph, p), b, config, head=head)
+            return out.value(), out.terms["policy"].count
+        return jax.value_and_grad(value, has_aux=True)(p)
 
-    for by_rows in (False, True):
-        grad = jax.value_and_grad(value, has_aux=True)
-        (v_marked, marked), g_marked = grad(params, _marked(batch), by_rows)
-        (v_clear, clear), g_clear = grad(params, _cleared(batch), by_rows)
-        (v_all, _), _ = grad(params, batch, by_rows)
-        assert float(marked.terms["policy"].count) == float(clear.terms["policy"].count) \
-            < float(batch["mask"].sum())
-        np.testing.assert_allclose(float(v_marked), float(v_clear), rtol=1e-6, atol=1e-7)
-        assert abs(float(v_marked) - float(v_all)) > 1e-6  # the marked rows did count before
-        for a, b in zip(jax.tree.leaves(g_marked), jax.tree.leaves(g_clear)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    (v_marked, n_marked), g_marked = grad(params, _marked(batch))
+    (v_clear, n_clear), g_clear = grad(params, _cleared(batch))
+    (v_all, _), _ = grad(params, batch)
+    assert float(n_marked) == float(n_clear) < float(batch["mask"].sum())
+    np.testing.assert_allclose(float(v_marked), float(v_clear), rtol=1e-6, atol=1e-7)
+    assert abs(float(v_marked) - float(v_all)) > 1e-6  # the marked rows did count before
+    for a, b in zip(jax.tree.leaves(g_marked), jax.tree.leaves(g_clear)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
 
 
 def test_pcsd_keeps_its_distillation_on_marked_rows(setup):
     model, batch = setup
     pcsd = get_method("pcsd").configure(rollout=RolloutShape(group_size=4))
     head = LMHead(backend="fused", chunk_size=5)
-    marked = pcsd.loss_fn(model, _marked(batch), config=pcsd.config, head=head)
-    plain = pcsd.loss_fn(model, batch, config=pcsd.config, head=head)
-    cleared = pcsd.loss_fn(model, _cleared(batch), config=pcsd.config, head=head)
+    loss = nnx.jit(lambda m, b: pcsd.loss_fn(m, b, config=pcsd.config, head=head))
+    marked, plain, cleared = (loss(model, b) for b in (_marked(batch), batch, _cleared(batch)))
     policy = lambda loss: (float(loss.terms["policy"].sum), float(loss.terms["policy"].count))
     np.testing.assert_allclose(policy(marked), policy(cleared), rtol=1e-6)
     for name in set(marked.terms) - {"policy"}:
