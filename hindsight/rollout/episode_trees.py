@@ -155,11 +155,15 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
         live = [j for j in range(n_roots) if mask[j].any()]
         if live:
             temp = 1.0 if params.greedy else params.temperature
-            h_floor = -(-max(h.size for h in tree["h"]) // 16) * 16  # shared compiled shapes
+            # the scoring shape: contexts padded to the bound every tree's h fits in (so calls
+            # share one compiled shape), responses to the bucket of the longest live root (an
+            # episode is mostly far shorter than the episode budget: padding it to the budget
+            # made scoring the dearest phase)
             logp_hind[live] = fit_width(np.asarray(score_logprobs(
                 model, [tree["h"][j] for j in live],
-                [arrays[j]["tokens"][:lengths[j]] for j in live], min_response_len=width,
-                min_context_len=h_floor, temperature=temp)), width)
+                [arrays[j]["tokens"][:lengths[j]] for j in live],
+                min_context_len=max(h_floor, max(tree["h"][j].size for j in live)),
+                temperature=temp)), width)
         tree["scores"] = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
         rng = np.random.default_rng(np.asarray(jax.random.key_data(
             request_key(key, first_index + k, _RANDOM))))
@@ -204,6 +208,13 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
     turn = max(len(reflection_turn(tokenizer, ex, "", templates=options.templates))
                for ex in examples)
     player.reset(root_keys)
+    first = max(player.episodes[ek].prompt.size for ek in root_keys)
+    empty_h = max(len(hindsight_context(tokenizer, ex, "", [], max_reflection_tokens=0,
+                                        templates=options.templates,
+                                        question=player.episodes[(k, root_rows[0])].first_turn))
+                  - player.episodes[(k, root_rows[0])].prompt.size
+                  for k, ex in enumerate(examples))
+    h_floor = -(-(first + max(empty_h, 0)) // 16) * 16 + h_cap + options.feedback_max_tokens
     engine = player.make_engine(slots=slots, chunk_steps=chunk_steps,
                                 extra_len=turn + options.feedback_max_tokens + refl_cap)
     for k in range(len(examples)):
