@@ -36,7 +36,9 @@ def test_craft_every_layout():
 
 @pytest.mark.slow
 def test_every_method_on_the_most_split_layouts():
-    names = sorted(set(REGISTRY) - {"craft"})
+    # craft has its own test above; dapo and hdl train through grpo's loss function
+    # (surrogate_loss: clip-higher, suffix masks), which grpo and drgrpo cover on these layouts
+    names = sorted(set(REGISTRY) - {"craft", "dapo", "hdl"})
     out = run_script("tests.train.run_layout", *names, num_devices=8, timeout=900)
     assert sorted(out) == names
     for name in names:
