@@ -126,8 +126,9 @@ def rescore(config, path: str) -> dict:
 
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)
-    task, _ = preflight(resolve(config))
-    exp = resolve(config).config
+    xp = resolve(config)
+    task, _ = preflight(xp)
+    exp = xp.config
     split = task.split_examples(exp.eval.split) if hasattr(task, "split_examples") else None
     examples = split if split is not None else task.examples(
         split=exp.eval.split, count=saved["num_problems"], seed=exp.seed)

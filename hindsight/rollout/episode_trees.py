@@ -172,7 +172,6 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
         tree["points"] = np.stack([p for p, _ in picks])
         tree["sources"] = [s for _, s in picks]
         layout = tree["layout"] = tree_layout(tree["points"], config)
-        fresh = []
         for j, (r, ep) in enumerate(zip(root_rows, roots)):
             for p in tree["points"][j]:
                 if p < 0:

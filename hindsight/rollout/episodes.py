@@ -293,8 +293,7 @@ class EpisodePlayer:
             if self.keep_turns:
                 ep.turns.append((res, i))
             ep.ended_turn = bool(n and self.eos is not None and ids[-1] == self.eos)
-            action = self.task.parse_action(
-                self.tokenizer.decode(ids.tolist(), skip_special_tokens=True))
+            action = self.task.parse_action(_decode(self.tokenizer, ids))
             ep.actions.append(action)
             if ep.phase == "branch":  # its environment first replays the actions before this turn
                 ep.phase, ep.pending = "replay", action
