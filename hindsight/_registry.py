@@ -23,9 +23,13 @@ class Registry:
 
     def make(self, name: str, **options):
         """Build ``name`` with ``options``; an unknown name lists what is available."""
+        return self.get(name)(**options)
+
+    def get(self, name: str) -> Callable:
+        """The factory registered as ``name``; an unknown name lists what is available."""
         if name not in self._factories:
             raise ValueError(f"unknown {self.kind} {name!r}; available: {self.names()}")
-        return self._factories[name](**options)
+        return self._factories[name]
 
     def names(self) -> list[str]:
         return sorted(self._factories)

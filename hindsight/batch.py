@@ -25,7 +25,10 @@ Extra contexts: the same response teacher-forced after another prompt, named ``{
 ``{name}_target_index [B, T]`` (indices into ``{name}_tokens``). Names in use: ``teacher``
 (question + reference answer / feedback), ``probe`` (reference only, OPSD-PMI), ``hindsight``
 (question + feedback + reflection, HDL). Each method's ``CONTEXTS`` says which it reads, so the
-rollout layer builds only those.
+rollout layer builds only those. A context some rows have no content for (a teacher recipe whose
+parts a row lacks, :mod:`hindsight.rollout.contexts`) also carries ``{name}_row_mask [B]`` (0 on
+such rows, whose context tokens are a placeholder); a loss reading it leaves those rows out
+(:func:`hindsight.methods.forward.context_mask`).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ POLICY_KEYS = ("tokens", "positions", "attention_mask")
 RESPONSE_KEYS = ("targets", "target_index", "mask")
 FIELD_KEYS = ("logp_old", "advantages", "rewards")
 CONTEXT_KEYS = ("tokens", "positions", "attention_mask", "target_index")
+OPTIONAL_CONTEXT_KEYS = ("row_mask",)
 _INT_KEYS = ("tokens", "positions", "targets", "target_index")
 
 
@@ -113,6 +117,8 @@ def check_batch(batch: Mapping, *, method: str, contexts: Iterable[str] = (),
         for k in ("positions", "attention_mask"):
             expect(context_key(ctx, k), tok)
         expect(context_key(ctx, "target_index"), (b, t))
+        if ctx is not None and context_key(ctx, "row_mask") in batch:
+            expect(context_key(ctx, "row_mask"), (b,))
         _check_index_range(context_key(ctx, "target_index"),
                            batch[context_key(ctx, "target_index")], tok[1])
     expect("mask", (b, t))
@@ -139,7 +145,7 @@ def build_batch(*, tokens, positions, attention_mask, targets, target_index, mas
       logp_old: optional ``[B, T]``. advantages: optional ``[B]`` or ``[B, T]``. rewards: optional
         ``[B]``.
       contexts: ``{name: {"tokens", "positions", "attention_mask", "target_index"}}`` for each extra
-        context (names from ``CONTEXT_NAMES``).
+        context (names from ``CONTEXT_NAMES``), optionally with ``"row_mask"`` ``[B]``.
     Returns:
       The flat batch dict (arrays as given, no copies).
     """
@@ -157,10 +163,11 @@ def build_batch(*, tokens, positions, attention_mask, targets, target_index, mas
         missing = [k for k in CONTEXT_KEYS if k not in ctx]
         if missing:
             raise KeyError(f"context {name!r} is missing {missing}; it needs {list(CONTEXT_KEYS)}")
-        extra = sorted(set(ctx) - set(CONTEXT_KEYS))
+        extra = sorted(set(ctx) - set(CONTEXT_KEYS) - set(OPTIONAL_CONTEXT_KEYS))
         if extra:
             raise KeyError(f"context {name!r} has unknown keys {extra}; expected "
-                           f"{list(CONTEXT_KEYS)}")
-        batch.update({context_key(name, k): ctx[k] for k in CONTEXT_KEYS})
+                           f"{list(CONTEXT_KEYS)} (optional: {list(OPTIONAL_CONTEXT_KEYS)})")
+        batch.update({context_key(name, k): ctx[k] for k in CONTEXT_KEYS + OPTIONAL_CONTEXT_KEYS
+                      if k in ctx})
     check_batch(batch, method="build_batch", contexts=tuple(contexts), fields=tuple(fields))
     return batch

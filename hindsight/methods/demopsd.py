@@ -17,16 +17,14 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
+from hindsight.methods.distill import weighted_distill_term
 from hindsight.methods.forward import context_hidden, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_hidden)
-from hindsight.objectives import Loss, aggregate, term
-from hindsight.objectives.aggregation import as_mask
-from hindsight.objectives.kl_estimators import LOG_RATIO_CLIP
+from hindsight.objectives import Loss, aggregate
 from hindsight.ops import entropy_from_logprobs, kl_from_logprobs
 from hindsight.signals import LOGP_TARGET_FLOOR, barycenter_target_from_logprobs
 
@@ -93,17 +91,9 @@ def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, head=None, ref
     metrics = {"barycenter_kl": aggregate(jax.lax.stop_gradient(rows["kl"]), mask),
                "alpha": aggregate(rows["alpha"], mask),
                "entropy": aggregate(rows["entropy"], mask)}
-    per_token = rows["kl"]
-    if config.is_clip is not None:
-        m = as_mask(mask)
-        # Select before exp: padding may hold any log-prob.
-        log_ratio = jnp.where(m, rows["logp"] - jnp.asarray(batch["logp_old"], jnp.float32), 0.0)
-        ratio = jnp.exp(jnp.clip(log_ratio, -LOG_RATIO_CLIP, LOG_RATIO_CLIP))
-        weight = jnp.minimum(ratio, config.is_clip)
-        metrics["is_weight"] = aggregate(weight, mask)
-        metrics["is_clip_frac"] = aggregate((ratio > config.is_clip).astype(jnp.float32), mask)
-        per_token = weight * per_token
-    return Loss({"distill": term(per_token, mask)}, metrics)
+    distill, is_metrics = weighted_distill_term(rows["kl"], rows["logp"], batch["logp_old"],
+                                                mask, is_clip=config.is_clip)
+    return Loss({"distill": distill}, {**metrics, **is_metrics})
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=DemoPSDConfig(), contexts=CONTEXTS,

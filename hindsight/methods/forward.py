@@ -168,6 +168,27 @@ def _head_kwargs(sides: Mapping[str, Side], names, mask, head: LMHead | None,
                 temperature=temperature, frozen=tuple(bool(sides[n].frozen) for n in names))
 
 
+def context_mask(batch: Mapping, context: str, mask=None) -> jax.Array:
+    """``[B, T]`` the loss mask (``mask``, default ``batch["mask"]``) with the rows that have no
+    ``context`` cleared: those whose ``{context}_row_mask`` is 0 (:mod:`hindsight.batch`); the
+    mask itself when the batch has none."""
+    mask = batch["mask"] if mask is None else mask
+    key = context_key(context, "row_mask")
+    if key not in batch:
+        return mask
+    keep = (jnp.asarray(batch[key]) > 0)[:, None]
+    return jnp.where(keep, mask, jnp.zeros((), jnp.asarray(mask).dtype))
+
+
+def context_rows(batch: Mapping, context: str) -> tuple[jax.Array, jax.Array]:
+    """``(rows with a context, rows)``, the metric pair of ``{context}_row_mask`` (every row when
+    the batch has none)."""
+    b = jnp.shape(batch["mask"])[0]
+    key = context_key(context, "row_mask")
+    have = (jnp.asarray(batch[key]) > 0).astype(jnp.float32) if key in batch else jnp.ones((b,))
+    return jnp.sum(have), jnp.float32(b)
+
+
 def distill_term(rows: dict, mask, *, loss: str, weight=1.0):
     """``(terms, metrics)`` of a distillation-only method: ``rows[loss] [B, T]`` as the token-mean
     term ``distill``; every other row of per-position values becomes a token-mean metric."""

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hindsight._validation import check_static_float
+from hindsight.batch import context_key
 from hindsight.methods.forward import context_hidden
 
 ROLLOUTS = ("group", "dynamic", "hdl_tree")
@@ -210,8 +211,17 @@ def teacher_model(name: str, teacher: str, model, reference):
     return reference
 
 
-def teacher_hidden(name: str, teacher: str, model, reference, batch, context: str = "teacher"):
+def teacher_hidden(name: str, teacher: str, model, reference, batch, context: str = "teacher", *,
+                   row_masked: bool = False):
     """The frozen teacher side ``(hidden [B, T, D], unembed [D, V])``: the batch's ``context``
-    run by :func:`teacher_model`'s weights under ``stop_gradient``."""
+    run by :func:`teacher_model`'s weights under ``stop_gradient``.
+
+    ``row_masked``: the caller leaves out the rows whose ``{context}_row_mask`` is 0
+    (:func:`hindsight.methods.forward.context_mask`); a method that does not (its context exists
+    for every row) refuses a batch that carries one, rather than train on placeholders."""
+    if not row_masked and context_key(context, "row_mask") in batch:
+        raise ValueError(f"method {name!r} reads the {context!r} context of every row, but the "
+                         f"batch carries {context_key(context, 'row_mask')!r} (rows without one); "
+                         f"only methods with a `teacher_context` recipe leave such rows out")
     return context_hidden(teacher_model(name, teacher, model, reference), batch, context,
                           frozen=True)

@@ -21,7 +21,7 @@ Both give the same terms, metrics and gradients (tests/methods/test_surrogate_pa
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 
@@ -83,8 +83,8 @@ def policy_mask(batch: Mapping) -> jax.Array:
 
 
 def policy_rows(model, batch: Mapping, config: LossConfig, *, head: LMHead | None = None,
-                reference=None, teacher: Side | None = None,
-                teacher_kl: bool = False) -> dict[str, jax.Array]:
+                reference=None, teacher: Side | None = None, teacher_kl: bool = False,
+                extra: Callable | None = None) -> dict[str, jax.Array]:
     """Per-position policy quantities from one chunked pass, each ``[B, T]`` float32.
 
     Args:
@@ -96,9 +96,12 @@ def policy_rows(model, batch: Mapping, config: LossConfig, *, head: LMHead | Non
       teacher: optional frozen teacher side (e.g. ``context_hidden(model, batch, "teacher",
         frozen=True)``).
       teacher_kl: also return the full-vocabulary ``KL(policy || teacher)`` (with gradient).
+      extra: ``extra(logp, tokens) -> {name: [C]}``, further per-position reductions of the same
+        log-softmaxes (``logp["policy"]``, ``logp["teacher"]``, ...; e.g. a top-k divergence),
+        computed in the same pass.
     Returns:
       ``logp`` (grad), ``entropy`` (no grad); ``ref_logp`` with ``reference``; ``teacher_logp``
-      with ``teacher``; ``teacher_kl`` when asked.
+      with ``teacher``; ``teacher_kl`` when asked; ``extra``'s outputs.
     """
     if teacher_kl and teacher is None:
         raise ValueError("`teacher_kl` needs a `teacher` side")
@@ -117,6 +120,8 @@ def policy_rows(model, batch: Mapping, config: LossConfig, *, head: LMHead | Non
             out["teacher_logp"] = gather(logp["teacher"], tokens)
         if teacher_kl:
             out["teacher_kl"] = kl_from_logprobs(logp["policy"], logp["teacher"])
+        if extra is not None:
+            out.update(extra(logp, tokens))
         return out
 
     return vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,

@@ -10,7 +10,8 @@ from hindsight.ops.logprobs import (LOGP_FLOOR, PAD_LOGIT, carry_nonfinite, entr
                                     token_logprobs)
 from hindsight.ops.divergences import (generalized_jsd, generalized_jsd_from_logprobs, kl,
                                        kl_from_logprobs)
-from hindsight.ops.topk import TAIL_CAP, topk_divergence, topk_tail_logprobs
+from hindsight.ops.topk import (TAIL_CAP, renormalized_topk_logprobs, topk_divergence,
+                                topk_divergence_from_logprobs, topk_tail_logprobs)
 from hindsight.ops._chunking import default_chunk_size
 from hindsight.ops.chunked import (chunked_entropy, chunked_generalized_jsd,
                                    chunked_kl, chunked_token_logprobs,
@@ -22,7 +23,8 @@ from hindsight.ops.lm_head import lm_head_map, lm_head_sum
 __all__ = [
     "LOGP_FLOOR", "PAD_LOGIT", "TAIL_CAP", "carry_nonfinite", "entropy", "entropy_from_logprobs", "generalized_jsd",
     "generalized_jsd_from_logprobs", "kl", "kl_from_logprobs", "log_softmax", "masked_logits",
-    "token_logprobs", "topk_divergence", "topk_tail_logprobs",
+    "renormalized_topk_logprobs", "token_logprobs", "topk_divergence",
+    "topk_divergence_from_logprobs", "topk_tail_logprobs",
     "DISTILLATION_LOSSES", "chunked_entropy", "chunked_generalized_jsd", "chunked_kl",
     "chunked_token_logprobs", "chunked_topk_divergence", "default_chunk_size",
     "fused_distillation_loss", "LM_HEAD_BACKENDS", "LM_HEAD_DEFAULT", "lm_head_map", "lm_head_sum",

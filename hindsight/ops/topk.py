@@ -29,27 +29,43 @@ def topk_tail_logprobs(logp: jax.Array, indices: jax.Array) -> jax.Array:
     return jnp.concatenate([picked, jnp.log(-jnp.expm1(head))], axis=-1)
 
 
-def topk_divergence(student_logits: jax.Array, teacher_logits: jax.Array, beta: float = 0.5, *,
-                    k: int, support: str = "student",
-                    vocab_mask: jax.Array | None = None) -> jax.Array:
-    """Generalized JSD (TRL ``beta`` convention) over a top-k + tail support.
+def renormalized_topk_logprobs(logp: jax.Array, indices: jax.Array) -> jax.Array:
+    """Gather ``logp [..., V]`` at ``indices [..., k]`` and renormalise over the k entries
+    (OPSD's ``top_k_loss``; SDPO with ``distillation_add_tail=False``) -> ``[..., k]``."""
+    picked = jnp.take_along_axis(logp, indices, axis=-1)
+    return picked - jax.nn.logsumexp(picked, axis=-1, keepdims=True)
+
+
+def topk_divergence_from_logprobs(student_logp: jax.Array, teacher_logp: jax.Array,
+                                  beta: float = 0.5, *, k: int, support: str = "student",
+                                  tail: bool = True) -> jax.Array:
+    """Generalized JSD (TRL ``beta`` convention) over the top-k entries of one side, from
+    float32 log-probs ``[..., V]`` -> ``[...]``.
 
     Args:
-      student_logits, teacher_logits: ``[..., V]``.
       beta: static float in ``[0, 1]``; 0 -> ``KL(T||S)``, 1 -> ``KL(S||T)``.
-      k: number of explicit entries (static int, ``1 <= k < V``).
-      support: ``"student"`` (SDPO default: the student's top-k, indices are not differentiated) or
-        ``"teacher"`` (OPSD ``top_k_loss``).
-      vocab_mask: optional ``[V]`` bool.
-    Returns:
-      ``[...]`` float32.
+      k: explicit entries, a static int in ``[1, V)``.
+      support: whose top-k: ``"student"`` (SDPO) or ``"teacher"`` (OPSD ``top_k_loss``); the
+        indices are not differentiated.
+      tail: append the tail bucket ``log(1 - sum_k p)`` to each side (a distribution over k + 1
+        outcomes, nothing renormalised: SDPO); False renormalises both sides over the k entries.
     """
-    check_vocab_match("student_logits", student_logits, "teacher_logits", teacher_logits)
     check_choice("support", support, ("student", "teacher"))
-    vocab = shape_of(student_logits)[-1]
-    if not isinstance(k, int) or not 1 <= k < vocab:
+    vocab = shape_of(student_logp)[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k < vocab:
         raise ValueError(f"`k` must be a Python int in [1, {vocab}) for vocab {vocab}, got {k!r}")
-    ls = log_softmax(student_logits, vocab_mask=vocab_mask)
-    lt = log_softmax(teacher_logits, vocab_mask=vocab_mask)
-    _, idx = jax.lax.top_k(jax.lax.stop_gradient(ls if support == "student" else lt), k)
-    return generalized_jsd_from_logprobs(topk_tail_logprobs(ls, idx), topk_tail_logprobs(lt, idx), beta)
+    _, idx = jax.lax.top_k(jax.lax.stop_gradient(
+        student_logp if support == "student" else teacher_logp), k)
+    pick = topk_tail_logprobs if tail else renormalized_topk_logprobs
+    return generalized_jsd_from_logprobs(pick(student_logp, idx), pick(teacher_logp, idx), beta)
+
+
+def topk_divergence(student_logits: jax.Array, teacher_logits: jax.Array, beta: float = 0.5, *,
+                    k: int, support: str = "student", tail: bool = True,
+                    vocab_mask: jax.Array | None = None) -> jax.Array:
+    """:func:`topk_divergence_from_logprobs` on logits ``[..., V]`` (optional ``[V]`` bool
+    ``vocab_mask``) -> ``[...]`` float32."""
+    check_vocab_match("student_logits", student_logits, "teacher_logits", teacher_logits)
+    return topk_divergence_from_logprobs(log_softmax(student_logits, vocab_mask=vocab_mask),
+                                         log_softmax(teacher_logits, vocab_mask=vocab_mask),
+                                         beta, k=k, support=support, tail=tail)

@@ -5,8 +5,9 @@
 * :mod:`~hindsight.rollout.dynamic` — DAPO dynamic sampling (refill until enough mixed groups).
 * :mod:`~hindsight.rollout.hdl` / :mod:`~hindsight.rollout.branching` — HDL trees: roots, verifier
   feedback, reflection, hindsight scores, branch points, continuations from the cached prefix.
-* :mod:`~hindsight.rollout.prompts` — chat-templated policy, reflection, hindsight, teacher and
-  probe contexts.
+* :mod:`~hindsight.rollout.prompts` — chat-templated policy, reflection, hindsight and probe
+  contexts; :mod:`~hindsight.rollout.contexts` — teacher contexts from registered parts
+  (reference, successful peer, feedback, hints, ...).
 * :mod:`~hindsight.rollout.assemble` — rows -> batch (``target_index``, bucketed widths, contexts).
 * :mod:`~hindsight.rollout.verification` — the :class:`Verifier`: responses checked in worker
   threads while the engine keeps decoding.
@@ -21,14 +22,15 @@ from hindsight.rollout.collect import SHAPES, EpisodeOptions, RolloutConfig, Rol
 from hindsight.rollout.dynamic import sample_dynamic
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeInfo, TreeOptions, sample_trees
+from hindsight.rollout.contexts import CONTEXT_PARTS, GroupView, teacher_context, teacher_contexts
 from hindsight.rollout.prompts import (Templates, hindsight_context, policy_prompt, probe_context,
-                                       reflection_turn, teacher_context)
+                                       reflection_turn)
 from hindsight.rollout.verification import Verifier
 
 __all__ = [
-    "SHAPES", "EpisodeOptions", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
+    "CONTEXT_PARTS", "GroupView", "SHAPES", "EpisodeOptions", "GroupRows", "RolloutConfig", "RolloutStats", "Templates", "TreeInfo", "TreeLayout",
     "TreeOptions", "Verifier", "assemble", "choose_branch_points", "collect", "context_arrays",
     "context_logprobs", "hindsight_context", "policy_prompt", "probe_context",
     "reflection_turn", "sample_dynamic", "sample_groups", "sample_trees", "teacher_context",
-    "tree_advantages", "tree_layout",
+    "teacher_contexts", "tree_advantages", "tree_layout",
 ]

@@ -108,7 +108,8 @@ def assemble(groups: Sequence[GroupRows], advantages: np.ndarray, rewards: np.nd
     Args:
       groups: equally sized groups with a common response width ``T``.
       advantages: ``[B]`` float32; rewards: ``[B]`` float32 (shaped, if the method shapes them).
-      contexts: ``{name: B context-id sequences}`` for each extra context the method reads.
+      contexts: ``{name: B context-id sequences}`` for each extra context the method reads, or
+        ``{name: (ids, row_mask [B])}`` for one some rows lack (``{name}_row_mask`` 0 on them).
     Returns:
       The validated batch dict (numpy arrays): policy context, ``targets``, ``target_index``,
       ``mask``, ``logp_old``, ``advantages``, ``rewards`` and ``{name}_*`` per extra context.
@@ -117,7 +118,12 @@ def assemble(groups: Sequence[GroupRows], advantages: np.ndarray, rewards: np.nd
     lengths = np.concatenate([g.lengths for g in groups])
     prompts = [p for g in groups for p in (g.row_prompts or [g.prompt] * g.size)]
     policy = context_arrays(prompts, tokens, lengths)
-    extra = {name: context_arrays(ctx, tokens, lengths) for name, ctx in (contexts or {}).items()}
+    extra = {}
+    for name, ctx in (contexts or {}).items():
+        ids, row_mask = ctx if isinstance(ctx, tuple) else (ctx, None)
+        extra[name] = context_arrays(ids, tokens, lengths)
+        if row_mask is not None:
+            extra[name]["row_mask"] = np.asarray(row_mask, np.float32)
     index = policy.pop("target_index")
     episodes = [g.turn_ids is not None for g in groups]
     if any(episodes) and not all(episodes):

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from hindsight.batch import CONTEXT_NAMES
@@ -23,11 +24,13 @@ from hindsight.methods.method import check_temperature
 from hindsight.objectives import group_advantages
 from hindsight.rollout.assemble import GroupRows, assemble
 from hindsight.rollout.branching import tree_advantages
+from hindsight.rollout.contexts import (REFERENCE_RECIPE, GroupView, always_available,
+                                        needs_answer, parse_recipe, teacher_contexts)
 from hindsight.rollout.dynamic import sample_dynamic
 from hindsight.rollout.episodes import EpisodeOptions, play
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeOptions, sample_trees
-from hindsight.rollout.prompts import Templates, probe_context, teacher_context
+from hindsight.rollout.prompts import Templates, probe_context
 from hindsight.rollout.runtime import PhaseClock, with_eos
 from hindsight.rollout.verification import Verifier
 from hindsight.sampling import SamplingParams
@@ -159,6 +162,7 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=
             raise ValueError(f"method {method.name!r} reads the 'hindsight' context, which only "
                              f"the 'hdl_tree' rollout produces (its rollout is {method.rollout!r})")
     check_temperature(config, sampling.temperature, "the sampling temperature")
+    check_contexts(method)
     error = episode_mismatch(method, task)
     if error:
         raise ValueError(error)
@@ -172,23 +176,47 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=
         if num_groups is not None and num_groups != len(examples):
             raise ValueError(f"`num_groups`={num_groups} but {len(examples)} examples were given")
     if isinstance(examples, Sequence):
-        needs = [c for c in method.contexts if c in ("teacher", "probe")]
+        needs = [c for c in method.contexts
+                 if c == "probe" or (c == "teacher" and needs_answer(teacher_recipe(method)))]
         for i, ex in enumerate(examples if needs else ()):
             if not isinstance(ex.answer, str) or not ex.answer.strip():
                 raise ValueError(f"method {method.name!r} reads the {needs} context(s), which need "
                                  f"a reference answer, but example {i} has answer={ex.answer!r}")
 
 
-def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Templates) -> dict:
-    build = {"teacher": teacher_context, "probe": probe_context}
+def teacher_recipe(method: Method) -> tuple:
+    """The teacher-context recipe of ``method`` (:mod:`hindsight.rollout.contexts`): its config's
+    ``teacher_context``, or ``("reference",)`` for a method whose config has none."""
+    return tuple(getattr(method.config, "teacher_context", REFERENCE_RECIPE))
+
+
+def check_contexts(method: Method) -> None:
+    """Raise ValueError if ``method``'s teacher-context recipe names a part that is not
+    registered (:data:`hindsight.rollout.contexts.CONTEXT_PARTS`)."""
+    if "teacher" in method.contexts:
+        parse_recipe(teacher_recipe(method), where=f"method_config.teacher_context of "
+                                                   f"{method.name!r}")
+
+
+def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Templates,
+              seed: int) -> dict:
+    """The extra contexts ``method`` reads, ``{name: B id lists}``; a teacher recipe under which
+    some rows may have no context also gives ``{name: (ids, row_mask [B])}``."""
     out = {}
     for name in method.contexts:
         if name == "hindsight":
             out[name] = [h for g in groups for h in g.hindsight]
-            continue
-        per_group = [build[name](tokenizer, g.example, index=g.example_index, templates=templates)
-                     for g in groups]
-        out[name] = [ctx for g, ctx in zip(groups, per_group) for _ in range(g.size)]
+        elif name == "probe":
+            per_group = [probe_context(tokenizer, g.example, index=g.example_index,
+                                       templates=templates) for g in groups]
+            out[name] = [ctx for g, ctx in zip(groups, per_group) for _ in range(g.size)]
+        else:
+            recipe = teacher_recipe(method)
+            rng = np.random.default_rng(seed)
+            views = [GroupView(example=g.example, texts=g.texts, rewards=g.rewards,
+                               feedback=g.feedback, templates=templates, rng=rng) for g in groups]
+            ids, row_mask = teacher_contexts(tokenizer, views, recipe)
+            out[name] = ids if always_available(recipe) else (ids, row_mask)
     return out
 
 
@@ -263,7 +291,8 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         advantages = np.asarray(group_advantages(
             train_rewards, g, scale=getattr(config, "advantage_scale", "std")))
     batch = assemble(groups, advantages, train_rewards,
-                     contexts=_contexts(method, tokenizer, groups, rollout.templates))
+                     contexts=_contexts(method, tokenizer, groups, rollout.templates,
+                                        seed=_seed(key)))
     extra.setdefault("sampled_groups", len(groups))
     stats = RolloutStats(
         rollout=method.rollout, num_groups=len(groups), group_size=g,
@@ -273,6 +302,11 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
         sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts], **extra)
     return batch, stats
+
+
+def _seed(key) -> int:
+    """A host seed for the contexts' random choices, drawn from the rollout's key."""
+    return int(jax.random.randint(jax.random.fold_in(key, 0x7E), (), 0, 2**31 - 1))
 
 
 class _NoVerifier:

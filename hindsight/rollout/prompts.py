@@ -31,16 +31,25 @@ class Templates:
         summary of the attempt, which a capped reflection has no room for.
       hindsight: user turn of ``h``: ``{question}``, ``{feedback}``, ``{reflection}``; the attempt
         itself is never pasted (it would make the score trivially small by copying).
-      teacher: user turn of the privileged context: ``{question}``, ``{answer}``.
+      instruction: user turn of a teacher context (:mod:`hindsight.rollout.contexts`):
+        ``{question}`` and ``{passages}``, the recipe's available parts joined by blank lines.
+      reference_part, hint_part: ``{answer}``; peer_part (a successful peer's response, SDPO's
+        "Correct solution"), own_success_part (the row's own verified answer, H2SD's
+        rephrasing): ``{solution}``; feedback_part: ``{feedback}``.
       probe: user turn of the reference-only context: ``{answer}``.
     """
     reflection: str = "Feedback: {feedback}. Root cause, fix, first step to change?"
     hindsight: str = ("{question}\n\nFeedback on an earlier attempt: {feedback}\n\n"
                       "Reflection: {reflection}\n\n"
                       "Using this, solve the original question correctly.")
-    teacher: str = ("{question}\n\nHere is a reference solution:\n{answer}\n\n"
-                    "After understanding the reference solution, solve the original question "
-                    "correctly.")
+    instruction: str = ("{question}\n\n{passages}\n\n"
+                        "After understanding the above, solve the original question correctly.")
+    reference_part: str = "Here is a reference solution:\n{answer}"
+    hint_part: str = "Hint (the key steps and the verified answer):\n{answer}"
+    peer_part: str = "Correct solution:\n{solution}"
+    feedback_part: str = "The following is feedback from your unsuccessful earlier attempt:\n{feedback}"
+    own_success_part: str = ("Your earlier answer, verified correct:\n{solution}\n\n"
+                             "Rephrase this answer in your own words.")
     probe: str = "Here is a reference solution:\n{answer}"
 
 
@@ -116,16 +125,8 @@ def _reference(example: Example, index: int) -> str:
     answer = example.answer
     if not isinstance(answer, str) or not answer.strip():
         raise ValueError(f"example {index} has no reference answer (answer={answer!r}); the "
-                         f"'teacher' and 'probe' contexts need one")
+                         f"'probe' context needs one")
     return answer
-
-
-def teacher_context(tokenizer, example: Example, *, index: int = 0,
-                    templates: Templates = Templates()) -> list[int]:
-    """Token ids of the privileged context: question + reference answer (OPSD's teacher).
-    ``index`` names the example in the error raised when it has no reference answer."""
-    return encode_prompt(tokenizer, templates.teacher.format(
-        question=example.prompt, answer=_reference(example, index)))
 
 
 def probe_context(tokenizer, example: Example, *, index: int = 0,

@@ -1,5 +1,5 @@
 """Tasks: prompt sources plus verifiers returning a reward in [0, 1] and textual feedback."""
-from hindsight.tasks.base import (SPLITS, Example, Task, Verdict, get_task, register, reward_range,
+from hindsight.tasks.base import (SPLITS, SUCCESS_REWARD, Example, Task, Verdict, get_task, register, reward_range,
                                   seeded_subset, task_names)
 from hindsight.tasks import code, synthetic  # noqa: F401  (register the code and synthetic tasks)
 from hindsight.tasks.code import HumanEval, verify_program
@@ -11,7 +11,7 @@ from hindsight.tasks.math import MathWord, verify_choice, verify_math
 from hindsight.tasks.sandbox import Limits, run_python
 from hindsight.tasks.synthetic import Arithmetic, CountLetters, ReverseWords, SortNumbers
 
-__all__ = ["SPLITS", "Arithmetic", "CountLetters", "DatasetTask", "EpisodeTask", "Example",
+__all__ = ["SPLITS", "SUCCESS_REWARD", "Arithmetic", "CountLetters", "DatasetTask", "EpisodeTask", "Example",
            "HumanEval", "Limits", "ScienceWorldTask", "SearchQATask", "TextGameTask",
            "MathWord", "ReverseWords", "SortNumbers", "Task", "Verdict", "get_task", "register",
            "reward_range", "run_python", "seeded_subset", "task_names", "verify_choice",

@@ -44,6 +44,9 @@ class Verdict:
 
 
 DEFAULT_REWARD_RANGE = (0.0, 1.0)
+SUCCESS_REWARD = 0.5
+"""A response succeeded when its reward is at least this (SDPO's ``success_reward_threshold``):
+the successful-peer teacher contexts and H2SD's routing read it."""
 
 
 class Task(Protocol):

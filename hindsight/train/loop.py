@@ -54,7 +54,7 @@ import numpy as np
 
 from hindsight.methods import LMHead
 from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
-from hindsight.rollout.collect import episode_mismatch
+from hindsight.rollout.collect import check_contexts, episode_mismatch
 from hindsight.rollout.episodes import env_pool, play
 from hindsight.rollout.runtime import with_eos
 from hindsight.sampling import SamplingParams
@@ -210,6 +210,10 @@ def preflight(xp: Experiment):
         sampling_params(exp, temperature=exp.eval.temperature)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{e.args[0] if e.args else e}") from e
+    try:
+        check_contexts(xp.method)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     if exp.eval.split not in SPLITS:
         raise ConfigError(f"eval.split must be one of {list(SPLITS)}, got {exp.eval.split!r}")
     if isinstance(task, EpisodeTask):

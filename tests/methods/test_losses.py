@@ -29,18 +29,83 @@ CASES = {name: dict(**options) for name, options in {
     "opsd_pmi": {},
     "demopsd": {},
     "rlsd": dict(lam_0=0.8),
+    "sdpo": dict(top_k=10),
+    "hsd": dict(top_k=10, lam_hsd=0.5),
+    "h2sd": dict(top_k=10, gamma=0.7),
 }.items()}
+ROW_MASKED = ("sdpo", "hsd", "h2sd")  # read ``teacher_row_mask``: their batch lacks row 3's context
 
-VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd")
+
+def case_batch(name, batch):
+    """``batch``, with the teacher context of row 3 missing for the methods that honour it."""
+    if name not in ROW_MASKED:
+        return batch
+    keep = np.ones(np.shape(batch["targets"])[0], np.float32)
+    keep[3] = 0.0
+    return dict(batch, teacher_row_mask=keep)
+
+VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "sdpo", "hsd", "h2sd")
 
 
 def dense_reference(name, config, dense, batch, state):
     """The method's objective from full logits (``dense``, see conftest) and the dense
-    ops/signals, independent of the chunked path and of ``context_hidden``: every term of these
-    methods is a mean over the same count (tokens, or rows for ``seq-mean-token-mean``), so the
-    objective is the weighted sum of term sums over that count."""
+    ops/signals, independent of the chunked path and of ``context_hidden``: every term of the
+    wave-1 methods is a mean over the same count (tokens, or rows for ``seq-mean-token-mean``), so
+    the objective is the weighted sum of term sums over that count; the self-distillation methods'
+    terms have counts of their own (rows with a context, failure rows)."""
+    if name in ROW_MASKED:
+        return _dense_self_distillation(name, config, dense, batch)
     total, count = _dense_sum(name, config, dense, batch, state)
     return float(total) / max(float(count), 1.0)
+
+
+def _dense_self_distillation(name, config, dense, batch):
+    """SDPO / HSD / H2SD in float64 NumPy from the dense logits: the top-k divergence (tail
+    bucket), the importance weight and the routing, written out independently of the methods."""
+    f64 = lambda x: np.asarray(x, np.float64)
+    mask = f64(batch["mask"]) > 0
+    ctx = mask & (f64(batch["teacher_row_mask"]) > 0)[:, None]
+    temp = config.temperature
+    teacher_net = "reference" if config.teacher == "reference" else "policy"
+    ls = _np_log_softmax(f64(dense["policy", None]) / temp)
+    lt = _np_log_softmax(f64(dense[teacher_net, "teacher"]) / temp)
+    targets = np.asarray(batch["targets"])
+    pick = lambda lp: np.take_along_axis(lp, targets[..., None], -1)[..., 0]
+    k = min(config.top_k, ls.shape[-1] - 1)
+    idx = np.argsort(-ls, axis=-1, kind="stable")[..., :k]
+
+    def tail(lp):
+        top = np.take_along_axis(lp, idx, -1)
+        rest = np.log(np.maximum(1.0 - np.exp(top).sum(-1, keepdims=True), 1e-300))
+        return np.concatenate([top, rest], -1)
+
+    s, t = np.exp(tail(ls)), np.exp(tail(lt))
+    rkl = np.sum(s * (np.log(s) - np.log(t)), -1)
+    mean = lambda x, m: float(np.sum(np.where(m, x, 0.0)) / max(m.sum(), 1))
+    if name == "sdpo":
+        a = config.alpha
+        mix = (1 - a) * s + a * t
+        jsd = (a * np.sum(t * (np.log(t) - np.log(mix)), -1)
+               + (1 - a) * np.sum(s * (np.log(s) - np.log(mix)), -1))
+        w = np.minimum(np.exp(np.clip(pick(ls) - f64(batch["logp_old"]), -20, 20)), config.is_clip)
+        return mean(w * jsd, ctx)
+    kw = dict(eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip)
+    logp = token_logprobs(dense["policy", None] / temp, jnp.asarray(targets))
+    a = f64(batch["advantages"])
+    if name == "hsd":
+        pg, count = numpy_surrogate(logp, batch["logp_old"], a, batch["mask"], **kw)
+        return float(pg) / count + config.lam_hsd * mean(rkl, ctx)
+    success = f64(batch["rewards"]) >= 0.5
+    w = np.clip(np.exp(np.sign(a)[:, None] * (pick(lt) - pick(ls))), 1 - config.eps_w,
+                1 + config.eps_w)
+    adv = np.where(success[:, None], a[:, None] * w, a[:, None])
+    pg, count = numpy_surrogate(logp, batch["logp_old"], adv, batch["mask"], **kw)
+    return float(pg) / count + config.gamma * mean(rkl, ctx & ~success[:, None])
+
+
+def _np_log_softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 def _dense_sum(name, config, dense, batch, state):
@@ -94,6 +159,7 @@ def _dense_sum(name, config, dense, batch, state):
 
 
 def run(name, models, batch, dense):
+    batch = case_batch(name, batch)
     method = get_method(name)
     config = method.make_config(**CASES[name])
     state = method.init_state(config) if method.init_state else None
@@ -156,6 +222,7 @@ def test_method_loss(name, models, batch, dense):
 
 
 def _value_and_grads(name, models, batch, head):
+    batch = case_batch(name, batch)
     method = get_method(name)
     config = method.make_config(**CASES[name])
     state = method.init_state(config) if method.init_state else None
@@ -189,7 +256,8 @@ MASKED = 8  # the last 8 of the 64 ids are padding: they must take no probabilit
 def test_vocab_mask_reaches_every_method(name, models, batch, dense):
     vocab = models[0].config.vocab_size
     keep = np.arange(vocab) < vocab - MASKED
-    masked_batch = dict(batch, targets=np.asarray(batch["targets"]) % (vocab - MASKED))
+    masked_batch = dict(case_batch(name, batch),
+                        targets=np.asarray(batch["targets"]) % (vocab - MASKED))
     method = get_method(name)
     config = method.make_config(**CASES[name])
     state = method.init_state(config) if method.init_state else None

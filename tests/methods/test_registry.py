@@ -6,7 +6,8 @@ import pytest
 from hindsight.methods import REGISTRY, ROLLOUTS, get_method
 from hindsight.batch import CONTEXT_NAMES
 
-NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd", "rlsd"]
+NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd", "rlsd",
+         "sdpo", "hsd", "h2sd"]
 
 
 def test_registry_holds_every_method():
@@ -45,6 +46,15 @@ def test_spec_defaults():
     assert get_method("opsd_pmi").contexts == ("teacher", "probe")
     demo = get_method("demopsd").config
     assert (demo.alpha_max, demo.beta) == (0.15, 25.0)
+    sdpo = get_method("sdpo").config
+    assert (sdpo.divergence, sdpo.alpha, sdpo.top_k, sdpo.tail, sdpo.is_clip, sdpo.teacher) == (
+        "topk", 0.5, 100, True, 2.0, "reference")
+    assert sdpo.teacher_context == ("successful_peer|feedback",)
+    hsd = get_method("hsd").config
+    assert (hsd.lam_hsd, hsd.top_k, hsd.teacher_context) == (
+        0.1, 100, ("random_successful_peer", "reference"))
+    h2sd = get_method("h2sd").config
+    assert (h2sd.eps_w, h2sd.gamma, h2sd.teacher_context) == (0.2, 1.0, ("own_success|hint",))
 
 
 def test_make_config_and_validation():
@@ -73,3 +83,13 @@ def test_needs_reference():
     assert not get_method("opsd").make_config(teacher="self").needs_reference
     assert get_method("craft").config.needs_reference
     assert get_method("opsd_pmi").config.needs_reference
+
+
+def test_sdpo_and_demopsd_configs_default_to_sdpos_ema_teacher():
+    """SDPO's teacher (and DemoPSD's, inherited) is an EMA of the policy at rate 0.05."""
+    import configs.demopsd
+    import configs.sdpo
+    from hindsight.train.experiment import resolve
+    for module in (configs.sdpo, configs.demopsd):
+        xp = resolve(module.get_config("tiny"), num_devices=1, process_count=1)
+        assert (xp.reference, xp.config.train.ema_decay) == ("ema", 0.95)

@@ -1,0 +1,133 @@
+"""The self-distillation pieces of SDPO / HSD / H2SD (spec §6, §12, §13): the per-token
+divergence against float64 NumPy and the spec's hand-checked numbers, the detached importance
+weight, and rows without a teacher context left out of every term."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hindsight.methods import LMHead, get_method
+from hindsight.methods.distill import TokenDivergence, importance_weight
+from hindsight.ops import generalized_jsd_from_logprobs
+
+S = np.array([1.0, 0.0, -1.0, -2.0])
+T = np.array([0.0, 1.0, -1.0, -3.0])
+
+
+def logp(z):
+    z = np.asarray(z, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def div(z_s, z_t, tokens=None, **kw):
+    d = TokenDivergence(**kw)
+    ls, lt = (jnp.asarray(logp(z), jnp.float32)[None] if np.ndim(z) == 1 else
+              jnp.asarray(logp(z), jnp.float32) for z in (z_s, z_t))
+    tokens = jnp.zeros(ls.shape[0], jnp.int32) if tokens is None else jnp.asarray(tokens)
+    return np.asarray(d(ls, lt, tokens))
+
+
+def test_spec_section6_numbers():
+    for beta, want in ((0.0, 0.42389), (0.5, 0.10113), (1.0, 0.41862)):
+        got = generalized_jsd_from_logprobs(jnp.asarray(logp(S), jnp.float32),
+                                            jnp.asarray(logp(T), jnp.float32), beta)
+        np.testing.assert_allclose(float(got), want, atol=5e-5)
+        np.testing.assert_allclose(div(S, T, divergence="full", alpha=beta)[0], want, atol=5e-5)
+    # top-2 of the student (ids 0, 1) + tail: s = [.6439, .2369, .1192], t = [.2418, .6572, .1010]
+    np.testing.assert_allclose(div(S, T, alpha=0.5, top_k=2)[0], 0.09914, atol=5e-5)
+    np.testing.assert_allclose(div(S, T, alpha=1.0, top_k=2)[0], 0.40877, atol=5e-5)
+
+
+def test_spec_section12_and_13_numbers():
+    # HSD: all the credit lands on the divergence position (V = 3: top-100 is the whole vocabulary)
+    s = [[3, 0, 0], [0, 3, 0], [2, 1, 0], [0, 0, 3]]
+    t = [[3, 0, 0], [0, 3, 0], [0, 1, 3], [0, 0, 3]]
+    np.testing.assert_allclose(div(s, t, alpha=1.0), [0, 0, 1.8226, 0], atol=5e-5)
+    # H2SD failure, top-2 + tail: s = [.6439, .2369, .1192], t = [.0871, .6439, .2689]
+    np.testing.assert_allclose(div([2, 1, 0, -1], [0, 2, 1, -1], alpha=1.0, top_k=2)[0], 0.95395,
+                               atol=5e-5)
+
+
+def test_topk_against_float64_numpy_on_random_logits():
+    rng = np.random.default_rng(0)
+    zs, zt = rng.normal(size=(2, 6, 50)) * 2
+    for alpha in (0.0, 0.3, 1.0):
+        for tail in (True, False):
+            ls, lt = logp(zs), logp(zt)
+            idx = np.argsort(-ls, -1)[:, :7]
+            pick = lambda lp: np.take_along_axis(lp, idx, -1)
+            if tail:
+                cut = lambda lp: np.concatenate(
+                    [pick(lp), np.log1p(-np.exp(pick(lp)).sum(-1, keepdims=True))], -1)
+            else:
+                cut = lambda lp: pick(lp) - np.log(np.exp(pick(lp)).sum(-1, keepdims=True))
+            p, q = np.exp(cut(ls)), np.exp(cut(lt))
+            kl = lambda a, b: np.sum(a * (np.log(a) - np.log(b)), -1)
+            m = (1 - alpha) * p + alpha * q
+            want = {0.0: kl(q, p), 1.0: kl(p, q)}.get(alpha, alpha * kl(q, m) + (1 - alpha) * kl(p, m))
+            np.testing.assert_allclose(div(zs, zt, alpha=alpha, top_k=7, tail=tail), want,
+                                       rtol=2e-5, atol=1e-6)
+
+
+def test_sampled_mode_is_the_reverse_kl_single_sample_gradient():
+    rng = np.random.default_rng(1)
+    zs, zt = (jnp.asarray(rng.normal(size=(3, 9)), jnp.float32) for _ in range(2))
+    tokens = jnp.asarray([1, 4, 8])
+    d = TokenDivergence(divergence="sampled", alpha=1.0)
+    f = lambda z: jnp.sum(d(jax.nn.log_softmax(z), jax.nn.log_softmax(zt), tokens))
+    ls, lt = jax.nn.log_softmax(zs), jax.nn.log_softmax(zt)
+    pick = lambda lp: jnp.take_along_axis(lp, tokens[:, None], 1)[:, 0]
+    np.testing.assert_allclose(f(zs), jnp.sum((pick(ls) - pick(lt)) * pick(ls)), rtol=1e-6)
+    grad_pick = jax.grad(lambda z: jnp.sum(jax.lax.stop_gradient(pick(ls) - pick(lt))
+                                           * pick(jax.nn.log_softmax(z))))(zs)
+    np.testing.assert_allclose(jax.grad(f)(zs), grad_pick, rtol=1e-6)
+    with pytest.raises(ValueError, match="alpha=1.0"):
+        TokenDivergence(divergence="sampled", alpha=0.5)
+    with pytest.raises(ValueError, match="`divergence` must be one of"):
+        TokenDivergence(divergence="kl")
+
+
+def test_importance_weight_is_detached_clipped_and_masked():
+    lp = jnp.asarray([[0.0, -1.0, 5.0]])
+    old = jnp.asarray([[-1.0, -1.0, 100.0]])  # padding holds garbage
+    mask = jnp.asarray([[1.0, 1.0, 0.0]])
+    w, metrics = importance_weight(lp, old, mask, 2.0)
+    np.testing.assert_allclose(w, [[2.0, 1.0, 1.0]])
+    assert float(metrics["is_clip_frac"][0]) == 1.0 and float(metrics["is_clip_frac"][1]) == 2.0
+    assert float(jnp.sum(jax.grad(lambda x: jnp.sum(importance_weight(x, old, mask, 2.0)[0]))(lp))) == 0.0
+
+
+@pytest.mark.parametrize("name", ["sdpo", "hsd", "h2sd"])
+def test_rows_without_a_context_leave_every_term(name, models, batch):
+    """Row 3 marked as having no teacher context contributes to no distillation term (its mask
+    cleared gives the same distillation sums and counts) while the policy term keeps it."""
+    method = get_method(name)
+    config = method.make_config(top_k=10)
+    run = jax.jit(lambda m, r, b: method.loss_fn(m, b, config=config, head=LMHead(chunk_size=20),
+                                                 reference=r))
+    b = np.shape(batch["targets"])[0]
+    keep = np.ones(b, np.float32)
+    keep[3] = 0.0
+    masked = run(*models, dict(batch, teacher_row_mask=keep))
+    full = run(*models, dict(batch, teacher_row_mask=np.ones(b, np.float32)))
+    cleared = np.asarray(batch["mask"]).copy()
+    cleared[3] = 0
+    assert cleared.sum() < np.asarray(batch["mask"]).sum()
+    reference = run(*models, dict(batch, mask=cleared, teacher_row_mask=np.ones(b, np.float32)))
+    d, r, f = masked.terms["distill"], reference.terms["distill"], full.terms["distill"]
+    if name == "h2sd" and float(batch["rewards"][3]) >= 0.5:
+        pytest.fail("row 3 must be a failure for the H2SD case to test anything")
+    np.testing.assert_allclose(float(d.sum), float(r.sum), rtol=1e-5)
+    assert float(d.count) == float(r.count) < float(f.count)
+    if "policy" in masked.terms:
+        assert float(masked.terms["policy"].count) == float(full.terms["policy"].count)
+    if "context_rows" in masked.metrics:
+        assert float(masked.metrics["context_rows"][0]) == b - 1
+
+
+def test_methods_without_a_recipe_refuse_a_row_masked_batch(models, batch):
+    b = np.shape(batch["targets"])[0]
+    with pytest.raises(ValueError, match="opsd.*teacher_row_mask"):
+        get_method("opsd").loss_fn(models[0], dict(batch, teacher_row_mask=np.ones(b)),
+                                   reference=models[1])
