@@ -2,8 +2,8 @@
 polarisation (spec §4).
 
 CRAFT (arXiv 2606.29476; abstract-level verification). Three independently switchable pillars on
-top of the baseline, which is GRPO plus SDAR-style gated distillation (weight
-``sigmoid(beta_gate * D)``, ``D = sg(logp_T - logp_S)``) and a k3 KL to the reference, at fixed
+top of the baseline, which is GRPO plus SDAR's gated distillation (``sg(g) (sg(logp_T) - logp_S)``,
+``g = sigmoid(beta_gate * D)``, ``D = sg(logp_T - logp_S)``) and a k3 KL to the reference, at fixed
 weights ``lambda_0 = 0.01``, ``mu_0 = 0.001``:
 
 1. ``cti``: Counterfactual Token Importance replaces the gate by a signed credit ``c`` from the
@@ -57,7 +57,8 @@ class CRAFTConfig(SurrogateConfig):
       theta_kl: credit threshold of the activity and of the polarisation (0.1).
       neg_mode: ``"forward"`` (mode-covering) or ``"negate"`` (``-k3``, [BRIEF]).
       neutral: KL in ``|c| <= theta_kl``: ``"reverse"`` or ``"zero"``.
-      kl_clip: clip of both KL estimators (10, verl); None = off.
+      kl_clip: clip of the reverse k3 (10, verl); None = off.
+      forward_kl_clip: clip of the polarised forward-KL estimator (10); None = off.
       tau, k, kappa_pos, kappa_neg, g_min: credit options
         (:func:`hindsight.signals.counterfactual_credit_from_gap`).
       eta, rho_target, k_up, k_down: controller options
@@ -75,6 +76,7 @@ class CRAFTConfig(SurrogateConfig):
     neg_mode: str = "forward"
     neutral: str = "reverse"
     kl_clip: float | None = 10.0
+    forward_kl_clip: float | None = 10.0
     tau: float = 1.0
     k: float = 2.0
     kappa_pos: float = 1.0
@@ -165,7 +167,8 @@ def loss_fn(model, batch, *, config: CRAFTConfig | None = None, head=None, refer
         cti=config.cti, controller=config.controller, polarise=config.polarise,
         beta_gate=config.beta_gate, lambda_0=config.lambda_0, mu_0=config.mu_0,
         theta_kl=config.theta_kl, neg_mode=config.neg_mode, neutral=config.neutral,
-        kl_clip=config.kl_clip, **config.credit_options())
+        kl_clip=config.kl_clip, forward_kl_clip=config.forward_kl_clip,
+        **config.credit_options())
     terms["distill"] = Term(sum=parts["distill_sum"], count=count, weight=parts["lambda"])
     terms["kl"] = Term(sum=parts["kl_sum"], count=count, weight=parts["mu"])
     metrics["teacher_gap"] = aggregate(gap, mask)

@@ -47,15 +47,19 @@ class TokenDivergence:
       top_k: explicit entries of ``topk`` (100). A vocabulary of at most ``top_k`` entries uses
         ``V - 1`` of them and the tail bucket, which is then the last entry itself: the full
         distribution, exactly.
-      tail: ``topk`` appends the tail bucket (True, SDPO) or renormalises over the k entries.
+      tail: ``topk`` appends the tail bucket (True, SDPO) or renormalises over the k entries
+        (False, OPSD's ``top_k_loss``).
+      support: whose top-k ids: ``"student"`` (SDPO) or ``"teacher"`` (OPSD).
     """
     divergence: str = "topk"
     alpha: float = 0.5
     top_k: int = 100
     tail: bool = True
+    support: str = "student"
 
     def __post_init__(self):
         check_choice("divergence", self.divergence, DIVERGENCES)
+        check_choice("support", self.support, ("student", "teacher"))
         check_static_float("alpha", self.alpha, low=0.0, high=1.0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1:
             raise ValueError(f"`top_k` must be a positive int, got {self.top_k!r}")
@@ -76,7 +80,7 @@ class TokenDivergence:
             return generalized_jsd_from_logprobs(student_logp, teacher_logp, self.alpha)
         k = min(self.top_k, student_logp.shape[-1] - 1)
         return topk_divergence_from_logprobs(student_logp, teacher_logp, self.alpha, k=k,
-                                             tail=self.tail)
+                                             support=self.support, tail=self.tail)
 
 
 def importance_weight(logp, logp_old, mask, is_clip: float) -> tuple[jax.Array, dict]:

@@ -26,7 +26,7 @@ import math
 
 import jax.numpy as jnp
 
-from hindsight._validation import check_choice
+from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
 from hindsight.methods.method import Method, require_no_state, resolve_config
 from hindsight.methods.policy_gradient import SurrogateConfig, surrogate_loss
@@ -52,7 +52,11 @@ class HDLConfig(SurrogateConfig):
       counts: continuations per branch point, best first ((4, 3) [BRIEF]).
       tail_guard: positions in the last ``tail_guard`` tokens are not eligible (8).
       min_prefix_fraction: positions before ``ceil(min_prefix_fraction * len)`` are not eligible
-        (0.25; position 0 never is), see :func:`min_prefix`. 0 gives the spec's ``t >= 1``.
+        (0: the spec's ``t >= 1``; position 0 never is), see :func:`min_prefix` for the head
+        guard's case (0.25 in earlier releases).
+      scoring_temperature: temperature of both log-probs of the score ``|logp_h - logp_orig|``
+        (1.0, the spec: ``pi_old`` itself); None scores at the sampling temperature, reusing the
+        sampler's policy log-probs as ``logp_orig`` (no re-score of the roots).
       min_gap_floor, min_gap_fraction: ``d_min = max(min_gap_floor, floor(min_gap_fraction * len))``
         (16, 0.05), see :func:`min_gap`.
       baseline: advantage baseline, ``"flat"`` (GRPO over the whole tree) or ``"node"`` (leaves
@@ -62,7 +66,8 @@ class HDLConfig(SurrogateConfig):
     num_points: int = 2
     counts: tuple[int, ...] = BRANCH_COUNTS
     tail_guard: int = 8
-    min_prefix_fraction: float = 0.25
+    min_prefix_fraction: float = 0.0
+    scoring_temperature: float | None = 1.0
     min_gap_floor: int = 16
     min_gap_fraction: float = 0.05
     baseline: str = "flat"
@@ -86,6 +91,15 @@ class HDLConfig(SurrogateConfig):
             raise ValueError(f"`min_prefix_fraction` must be in [0, 1), got "
                              f"{self.min_prefix_fraction!r}")
         check_choice("baseline", self.baseline, BASELINES)
+        if self.scoring_temperature is not None and not check_static_float(
+                "scoring_temperature", self.scoring_temperature) > 0:
+            raise ValueError(f"`scoring_temperature` must be > 0 (or None), got "
+                             f"{self.scoring_temperature}")
+
+    def scoring_temp(self, sampling_temperature: float) -> float:
+        """The temperature the hindsight score is computed at, given the rollout's."""
+        return sampling_temperature if self.scoring_temperature is None \
+            else float(self.scoring_temperature)
 
     @property
     def group_size(self) -> int:
@@ -95,9 +109,11 @@ class HDLConfig(SurrogateConfig):
 
 def min_prefix(length: int, config: HDLConfig) -> int:
     """First eligible branch position of a root of ``length`` response tokens:
-    ``max(1, ceil(min_prefix_fraction * length))`` (OUR CHOICE; the spec has ``t >= 1``).
+    ``max(1, ceil(min_prefix_fraction * length))``; the default fraction 0 gives the spec's
+    ``t >= 1``.
 
-    Two reasons, both measured on SmolLM2-135M-Instruct (``experiments/bench/hdl_tokens.py``):
+    The head guard (a fraction above 0, OUR CHOICE) was the default before; two reasons for it,
+    both measured on SmolLM2-135M-Instruct (``experiments/bench/hdl_tokens.py``):
 
     * The opening of a response is where the hindsight context's *wording* shows, not where the
       attempt went wrong. The mean score at ``t = 1`` is about 3x the mean over later positions
@@ -111,9 +127,11 @@ def min_prefix(length: int, config: HDLConfig) -> int:
       keeping at least a quarter of its root, a tree whose continuations run as long as their
       roots costs at most ``2 + 14 * 0.75 = 12.5`` rows' worth of tokens, plus reflections.
 
-    The price: an error made in the first quarter (e.g. a wrong answer stated up front, then
-    explained) is not branched at; its continuations share it. ``min_prefix_fraction = 0``
-    restores the spec's rule.
+    The price, and why the spec's rule is the default: an error made in the first quarter (e.g.
+    a wrong answer stated up front, then explained: "The letter 'e' appears twice in the word
+    'success'", the error at position 3) is never branched at, so every continuation inherits
+    it, while the method exists to branch where the model changed its mind. The README reports
+    token saving and continuation success both ways.
     """
     return max(1, math.ceil(config.min_prefix_fraction * length))
 

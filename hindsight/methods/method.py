@@ -68,6 +68,11 @@ class LossConfig:
         """Whether the loss needs the ``reference`` model with this configuration."""
         return False
 
+    @property
+    def needs_frozen_reference(self) -> bool:
+        """Whether that reference must stay the initial policy (an EMA one is refused)."""
+        return False
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:

@@ -10,20 +10,30 @@ per response token, token-mean. Defaults from OPSD's run script: loss temperatur
 before the softmax, as in sampling: the rollout must sample at the same temperature) and a fixed
 teacher = the initial policy (``teacher="reference"`` with a frozen reference; an EMA reference is
 OPSD's other option; ``teacher="self"`` uses the current params under ``stop_gradient``).
+
+Options (spec §1.3): ``divergence="topk"`` is OPSD's ``top_k_loss`` (the teacher's top-k ids,
+both distributions renormalised over the k entries; ``top_k_tail=True`` keeps a tail bucket
+instead, SDPO's form); ``divergence="sampled"`` is the sampled-token alternative
+``-token_mean(sg(l_T - l_S) l_S)`` at the sampled tokens (``beta`` unused); ``token_clip`` caps
+each token's divergence, ``min(D_t, token_clip)`` (the repo's ``jsd_token_clip``, 0.05 in its run
+scripts, absent from the paper; the repo clamps each vocabulary term before the sum, which is no
+longer a divergence: here the token's total is capped, as the spec states it).
 """
 from __future__ import annotations
 
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
+from hindsight.methods.distill import TokenDivergence
 from hindsight.methods.forward import context_hidden, distill_term, gather, vocab_rows
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_hidden)
 from hindsight.objectives import Loss
-from hindsight.ops import entropy_from_logprobs, generalized_jsd_from_logprobs
+from hindsight.ops import entropy_from_logprobs
 
 NAME = "opsd"
 CONTEXTS = ("teacher",)
@@ -39,15 +49,32 @@ class OPSDConfig(LossConfig):
       beta: generalized-JSD weight in ``[0, 1]`` (0.5).
       temperature: loss (and sampling) temperature (1.1, OPSD's run script).
       teacher: ``"reference"`` (fixed initial policy or EMA, per the train state) or ``"self"``.
+      divergence: ``"full"`` (the default), ``"topk"`` or ``"sampled"`` (see the module doc).
+      top_k, top_k_tail: the ``topk`` support (100 teacher ids, renormalised).
+      token_clip: cap of each token's divergence (None: off).
     """
     beta: float = 0.5
     temperature: float = 1.1
     teacher: str = "reference"
+    divergence: str = "full"
+    top_k: int = 100
+    top_k_tail: bool = False
+    token_clip: float | None = None
 
     def __post_init__(self):
         super().__post_init__()
         check_static_float("beta", self.beta, low=0.0, high=1.0)
         check_choice("teacher", self.teacher, TEACHERS)
+        self.token_divergence  # validates divergence, top_k, top_k_tail
+        if self.token_clip is not None and not check_static_float("token_clip",
+                                                                  self.token_clip) > 0:
+            raise ValueError(f"`token_clip` must be > 0 (or None), got {self.token_clip}")
+
+    @property
+    def token_divergence(self) -> TokenDivergence:
+        return TokenDivergence(divergence=self.divergence,
+                               alpha=1.0 if self.divergence == "sampled" else self.beta,
+                               top_k=self.top_k, tail=self.top_k_tail, support="teacher")
 
     @property
     def needs_reference(self) -> bool:
@@ -56,7 +83,8 @@ class OPSDConfig(LossConfig):
 
 def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, reference=None,
             method_state=None) -> Loss:
-    """OPSD loss: the ``distill`` term, token-mean generalized JSD(student, teacher context).
+    """OPSD loss: the ``distill`` term, token-mean generalized JSD(student, teacher context)
+    (or the configured divergence), the metric ``jsd`` being that per-token value.
 
     Metrics: ``entropy`` (student), ``teacher_gap`` (mean ``logp_T - logp_S`` at the sampled
     tokens: the negated sampled estimate of ``KL(S || T)``).
@@ -67,11 +95,15 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, refere
     sides = {"student": context_hidden(model, batch),
              "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch)}
 
+    divergence = config.token_divergence
+
     def row(logp, tokens):
         ls, lt = logp["student"], logp["teacher"]
         sg = jax.lax.stop_gradient
-        return {"jsd": generalized_jsd_from_logprobs(ls, lt, config.beta),
-                "entropy": sg(entropy_from_logprobs(ls)),
+        d = divergence(ls, lt, tokens)
+        if config.token_clip is not None:
+            d = jnp.minimum(d, config.token_clip)
+        return {"jsd": d, "entropy": sg(entropy_from_logprobs(ls)),
                 "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
 
     rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,

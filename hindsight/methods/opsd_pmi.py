@@ -45,15 +45,21 @@ class OPSDPMIConfig(LossConfig):
       clip: ``tanh`` soft-clip scale ``c`` (10).
       floor: log-prob floor of teacher and probe (-50).
       teacher: whose weights run the teacher and probe contexts: ``"self"`` or ``"reference"``.
+      target_temperature: temperature of the teacher, probe and base when building ``q`` (1.0,
+        spec §5 OUR CHOICE), apart from ``temperature``, the student's (= the sampling
+        temperature, which ``logp_old`` is at).
     """
     beta_jsd: float = 0.5
     beta: float = 1.0
     clip: float = 10.0
     floor: float = LOGP_TARGET_FLOOR
     teacher: str = "self"
+    target_temperature: float = 1.0
 
     def __post_init__(self):
         super().__post_init__()
+        if not check_static_float("target_temperature", self.target_temperature) > 0:
+            raise ValueError(f"`target_temperature` must be > 0, got {self.target_temperature}")
         check_static_float("beta_jsd", self.beta_jsd, low=0.0, high=1.0)
         check_static_float("beta", self.beta, low=0.0)
         check_static_float("clip", self.clip, low=1e-6)
@@ -61,6 +67,11 @@ class OPSDPMIConfig(LossConfig):
 
     @property
     def needs_reference(self) -> bool:
+        return True
+
+    @property
+    def needs_frozen_reference(self) -> bool:
+        """The base ``P0`` is the initial policy: an EMA reference would move it."""
         return True
 
 
@@ -81,16 +92,26 @@ def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, head=None, ref
              "probe": context_hidden(teacher, batch, "probe", frozen=True),
              "base": context_hidden(reference, batch, frozen=True)}
 
-    def row(logp, _):
-        target = pmi_target_from_logprobs(logp["teacher"], logp["probe"], logp["base"],
-                                          beta=config.beta, clip=config.clip, floor=config.floor)
-        sg = jax.lax.stop_gradient
-        return {"jsd": generalized_jsd_from_logprobs(logp["student"], target, config.beta_jsd),
-                "entropy": sg(entropy_from_logprobs(logp["student"])),
-                "target_shift": sg(kl_from_logprobs(target, logp["base"]))}
+    vocab_mask = None if head is None else head.vocab_mask
 
-    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
-                      temperature=config.temperature)
+    def at(logp, temperature):
+        # The head runs at temperature 1; log_softmax(logp / T) = log_softmax(logits / T), the
+        # masked vocabulary staying at a large negative value.
+        return logp if temperature == 1.0 else jax.nn.log_softmax(logp / temperature)
+
+    def row(logp, _):
+        t = config.target_temperature
+        base = at(logp["base"], t)
+        target = pmi_target_from_logprobs(at(logp["teacher"], t), at(logp["probe"], t), base,
+                                          beta=config.beta, clip=config.clip, floor=config.floor,
+                                          vocab_mask=vocab_mask)
+        student = at(logp["student"], config.temperature)
+        sg = jax.lax.stop_gradient
+        return {"jsd": generalized_jsd_from_logprobs(student, target, config.beta_jsd),
+                "entropy": sg(entropy_from_logprobs(student)),
+                "target_shift": sg(kl_from_logprobs(target, base))}
+
+    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head, temperature=1.0)
     return Loss(*distill_term(rows, batch["mask"], loss="jsd"))
 
 

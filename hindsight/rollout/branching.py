@@ -18,42 +18,57 @@ from hindsight.methods.hdl import HDLConfig, min_gap, min_prefix
 from hindsight.objectives import group_advantages
 from hindsight.signals import select_branch_points
 
-SOURCES = ("nms", "relaxed", "random", "fresh")
+SOURCES = ("nms", "relaxed", "fresh")
 
 
-def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
-                         rng: np.random.Generator, *,
+def branch_eligibility(tokens: np.ndarray, length: int, stop_tokens=(),
+                       allowed: np.ndarray | None = None) -> np.ndarray:
+    """``[T]`` bool: the positions of a root a branch point may take before the score rules:
+    inside the response, not a stop token (resampling the token that ended the response is no
+    branch: spec §2 step 2, "not EOS/pad"), and ``allowed`` (a task's or an episode's mask, e.g.
+    never inside the final answer, only action tokens) where given."""
+    width = tokens.shape[-1]
+    out = (np.arange(width) < length) & ~np.isin(tokens, np.asarray(tuple(stop_tokens), np.int64))
+    if allowed is not None:
+        keep = np.zeros(width, bool)
+        n = min(width, np.shape(allowed)[-1])
+        keep[:n] = np.asarray(allowed, bool)[:n]
+        out &= keep
+    return out
+
+
+def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig, *,
                          eligible: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """Branch points of one root, best first, with the spec's fallbacks.
 
     1. Greedy NMS over eligible positions (``h <= t <= length - 1 - tail_guard`` with
        ``h = max(1, ceil(min_prefix_fraction * length))``,
-       :func:`hindsight.methods.hdl.min_prefix`) with ``d_min = max(16, floor(0.05 length))``
-       (:func:`hindsight.signals.select_branch_points`).
+       :func:`hindsight.methods.hdl.min_prefix`, and ``eligible``) with
+       ``d_min = max(16, floor(0.05 length))`` (:func:`hindsight.signals.select_branch_points`).
     2. If fewer than ``K`` survive: ``d_min = 1``.
-    3. If still fewer: uniform random distinct positions in ``h <= t <= length - 1``. With
-       ``d_min = 1`` step 2 already returns every position eligible under the tail guard, so a
-       random fallback over that same set could add nothing; it relaxes the tail guard instead
-       (any position whose token is resampled) but keeps the head guard (OUR CHOICE).
-    4. Points still missing are ``-1``: the caller replaces their continuations by fresh rollouts.
+    3. Points still missing are ``-1``: the caller replaces their continuations by fresh
+       rollouts. The spec's "uniform random eligible positions" step sits between 2 and 3; with
+       ``d_min = 1`` step 2 already returns every eligible position up to ``K``, so no eligible
+       position is left for it to draw, and it is not a separate step here (an earlier version
+       drew past the tail guard instead, which the spec's eligibility forbids).
 
     Args:
       scores: ``[T]`` HDL score ``|logp_hind - logp_orig|`` (0 past ``length``).
       length: response length (0 for an all-masked root).
-      eligible: optional ``[T]`` bool, the only positions a point may take besides the rules
-        above (an episode's action tokens: observations are the environment's, never resampled).
+      eligible: optional ``[T]`` bool (:func:`branch_eligibility`: no stop token, a task's or an
+        episode's mask), the only positions a point may take besides the rules above.
     Returns:
-      ``(points [K] int32, source)``; ``source`` in ``SOURCES`` names the last step used.
+      ``(points [K] int32, source)``; ``source`` in ``SOURCES`` names the last step used
+      (``"fresh"``: no point at all).
     """
     k = config.num_points
     width = max(int(scores.shape[-1]), 1)
     mask = np.arange(width) < length
-    head = min_prefix(length, config)
-    after_head = np.arange(width) >= head
+    allowed = np.arange(width) >= min_prefix(length, config)
     if eligible is not None:
-        allowed = np.zeros(width, bool)
-        allowed[:min(width, eligible.shape[-1])] = np.asarray(eligible, bool)[:width]
-        after_head &= allowed
+        keep = np.zeros(width, bool)
+        keep[:min(width, eligible.shape[-1])] = np.asarray(eligible, bool)[:width]
+        allowed &= keep
     s = np.zeros(width, np.float32)
     s[: scores.shape[-1]] = np.where(mask[: scores.shape[-1]], scores, 0.0)
     s = np.where(np.isfinite(s), s, 0.0)  # a NaN score must not steer the argmax
@@ -62,20 +77,13 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig,
         return np.asarray(select_branch_points(jnp.asarray(s[None]), jnp.asarray(mask[None]),
                                                num_points=k, min_gap=gap,
                                                tail_guard=config.tail_guard,
-                                               eligible_mask=jnp.asarray(after_head[None])))[0]
+                                               eligible_mask=jnp.asarray(allowed[None])))[0]
 
     points, source = nms(min_gap(length, config)), "nms"
     if (points < 0).any():
         points, source = nms(1), "relaxed"
-    if (points < 0).any():
-        chosen = [int(p) for p in points if p >= 0]
-        pool = np.array([t for t in range(head, length) if t not in chosen and after_head[t]],
-                        np.int64)
-        extra = rng.choice(pool, size=min(pool.size, k - len(chosen)), replace=False) \
-            if pool.size else []
-        chosen += [int(p) for p in extra]
-        points = np.array(chosen + [-1] * (k - len(chosen)), np.int32)
-        source = "random" if chosen else "fresh"
+    if (points < 0).all():
+        source = "fresh"
     return points.astype(np.int32), source
 
 

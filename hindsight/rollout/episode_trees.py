@@ -24,14 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hindsight.envs import EnvPool
 from hindsight.methods.hdl import HDLConfig
 from hindsight.rollout.assemble import GroupRows
-from hindsight.rollout.branching import TreeLayout, choose_branch_points, tree_layout
+from hindsight.rollout.branching import (TreeLayout, branch_eligibility, choose_branch_points,
+                                         tree_layout)
 from hindsight.rollout.episodes import Episode, EpisodePlayer
 from hindsight.rollout.hdl import TreeInfo, TreeOptions
 from hindsight.rollout.prompts import CORRECT_FEEDBACK, hindsight_context, reflection_turn
@@ -42,7 +42,7 @@ from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
 from hindsight.tasks.base import reward_range
 
-_REFLECT, _RANDOM = 1, 4  # request-key stages, as in hindsight.rollout.hdl
+_REFLECT = 1  # request-key stage, as in hindsight.rollout.hdl
 
 
 def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequence[Example], *,
@@ -154,21 +154,31 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
         logp_hind = np.zeros_like(logp_orig)
         live = [j for j in range(n_roots) if mask[j].any()]
         if live:
-            temp = 1.0 if params.greedy else params.temperature
-            # the scoring shape: contexts padded to the bound every tree's h fits in (so calls
+            sampled_at = 1.0 if params.greedy else params.temperature
+            temp = config.scoring_temp(sampled_at)
+            # logp_orig is the sampler's unless the score's temperature is not the sampling one:
+            # then the episodes are re-scored after their own prompts in the same call.
+            # The scoring shape: contexts padded to the bound every tree's h fits in (so calls
             # share one compiled shape), responses to the bucket of the longest live root (an
             # episode is mostly far shorter than the episode budget: padding it to the budget
             # made scoring the dearest phase)
-            logp_hind[live] = fit_width(np.asarray(score_logprobs(
-                model, [tree["h"][j] for j in live],
-                [arrays[j]["tokens"][:lengths[j]] for j in live],
-                min_context_len=max(h_floor, max(tree["h"][j].size for j in live)),
+            rescore = temp != sampled_at
+            responses = [arrays[j]["tokens"][:lengths[j]] for j in live]
+            contexts = [tree["h"][j] for j in live] + (
+                [roots[j].prompt for j in live] if rescore else [])
+            scored = fit_width(np.asarray(score_logprobs(
+                model, contexts, responses * (2 if rescore else 1),
+                min_context_len=max(h_floor, max(c.size for c in contexts)),
                 temperature=temp)), width)
+            logp_hind[live] = scored[:len(live)]
+            if rescore:
+                logp_orig[live] = scored[len(live):]
         tree["scores"] = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
-        rng = np.random.default_rng(np.asarray(jax.random.key_data(
-            request_key(key, first_index + k, _RANDOM))))
-        picks = [choose_branch_points(tree["scores"][j], int(lengths[j]), config, rng,
-                                      eligible=mask[j]) for j in range(n_roots)]
+        picks = [choose_branch_points(tree["scores"][j], int(lengths[j]), config,
+                                      eligible=branch_eligibility(
+                                          arrays[j]["tokens"], int(lengths[j]),
+                                          params.stop_tokens, allowed=mask[j]))
+                 for j in range(n_roots)]
         tree["points"] = np.stack([p for p, _ in picks])
         tree["sources"] = [s for _, s in picks]
         layout = tree["layout"] = tree_layout(tree["points"], config)

@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hindsight.methods.hdl import HDLConfig
 from hindsight.rollout.assemble import GroupRows
-from hindsight.rollout.branching import TreeLayout, choose_branch_points, tree_layout
+from hindsight.rollout.branching import (TreeLayout, branch_eligibility, choose_branch_points,
+                                         tree_layout)
 from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, hindsight_context,
                                        policy_prompt, reflection_turn)
 from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key
@@ -43,7 +43,7 @@ from hindsight.sampling import SamplingParams, score_logprobs
 from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
 
-_ROOTS, _REFLECT, _BRANCH, _FRESH, _RANDOM = range(5)
+_ROOTS, _REFLECT, _BRANCH, _FRESH = range(4)
 # Typical verifier feedback length (count_letters' "expected 3, got 5" is 7 SmolLM2 tokens): sizes
 # the cache room for the reflection turn and the scoring shape of ``h``. Longer feedback cuts a
 # reflection after a root that ran to the cap to the room left, and scores ``h`` at the next bucket.
@@ -184,6 +184,7 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
     """
     clock = clock if clock is not None else PhaseClock()
     width, n_roots = params.max_new_tokens, config.num_roots
+    branch_mask = getattr(verifier.task, "branch_mask", None)
     refl_cap, h_cap = options.reflection_cap(width), options.hindsight_cap(width)
     trees = [_Tree(prompt=np.asarray(policy_prompt(tokenizer, ex), np.int32)) for ex in examples]
     # The scoring shape is sized from the longest policy prompt and the template's overhead, each
@@ -251,24 +252,36 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
             templates=options.templates), np.int32) for r in range(n_roots)]
         lengths = roots.lengths
         live = [r for r in range(n_roots) if lengths[r] > 0]
-        # both sides at the sampling temperature (the policy log-probs' temperature)
-        temp = 1.0 if params.greedy else params.temperature
+        sampled_at = 1.0 if params.greedy else params.temperature
+        temp = config.scoring_temp(sampled_at)
+
+        def task_mask(r):  # the task's own rule (e.g. never inside the final answer), if any
+            if branch_mask is None:
+                return None
+            n = int(lengths[r])
+            return np.asarray(branch_mask(ex, [tokenizer.decode([int(t)])
+                                               for t in roots.tokens[r, :n]]), bool)
+
         logp_orig = np.array(fit_width(roots.policy_logprobs, width))  # a copy: rows are re-scored in place
         logp_hind = np.zeros_like(logp_orig)
         if live:
             resp = [roots.tokens[r, :lengths[r]] for r in live]
-            logp_hind[live] = fit_width(np.asarray(score_logprobs(
-                model, [tree.h[r] for r in live], resp, min_response_len=width,
+            # logp_orig is the sampler's unless the score's temperature is not the sampling one
+            # (or a re-score is asked for): then both sides are scored in one call
+            rescore = options.rescore_original or temp != sampled_at
+            contexts = [tree.h[r] for r in live] + ([tree.prompt] * len(live) if rescore else [])
+            scored = fit_width(np.asarray(score_logprobs(
+                model, contexts, resp * (2 if rescore else 1), min_response_len=width,
                 min_context_len=h_floor, temperature=temp)), width)
-            if options.rescore_original:
-                logp_orig[live] = fit_width(np.asarray(score_logprobs(
-                    model, [tree.prompt], resp, min_response_len=width,
-                    temperature=temp)), width)
+            logp_hind[live] = scored[:len(live)]
+            if rescore:
+                logp_orig[live] = scored[len(live):]
         mask = np.arange(width)[None, :] < lengths[:, None]
         tree.scores = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
-        rng = np.random.default_rng(np.asarray(jax.random.key_data(
-            request_key(key, k, _RANDOM))))
-        picks = [choose_branch_points(tree.scores[r], int(lengths[r]), config, rng)
+        picks = [choose_branch_points(tree.scores[r], int(lengths[r]), config,
+                                      eligible=branch_eligibility(
+                                          fit_width(roots.tokens, width)[r], int(lengths[r]),
+                                          params.stop_tokens, task_mask(r)))
                  for r in range(n_roots)]
         tree.points = np.stack([p for p, _ in picks])
         tree.sources = [s for _, s in picks]

@@ -120,9 +120,19 @@ def cti_loss(credit: jax.Array, gap: jax.Array, student_logp: jax.Array,
 
 
 def _weighted_sampled_rkl(weight, gap, student_logp, valid) -> jax.Array:
-    """Per-token ``-sg(weight * D) * logp_S``, with masked positions selected away first."""
+    """Per-token ``-sg(weight * D) * logp_S`` (CTI, step 5), masked positions selected away
+    first."""
     w = jax.lax.stop_gradient(jnp.where(valid, as_f32(weight) * as_f32(gap), 0.0))
     return -(w * jnp.where(valid, as_f32(student_logp), 0.0))
+
+
+def _sdar_gated(gate, gap, student_logp, valid) -> jax.Array:
+    """Per-token SDAR loss ``sg(g) (sg(logp_T) - logp_S)`` (``compute_sdar_loss``; its value is
+    ``g D`` and its gradient ``-g grad logp_S``), masked positions selected away first."""
+    g = jax.lax.stop_gradient(jnp.where(valid, as_f32(gate), 0.0))
+    ls = jnp.where(valid, as_f32(student_logp), 0.0)
+    teacher = jax.lax.stop_gradient(jnp.where(valid, as_f32(gap), 0.0) + ls)
+    return g * (teacher - ls)
 
 
 class ControllerState(NamedTuple):
@@ -213,7 +223,8 @@ def reverse_k3(student_logp: jax.Array, ref_logp: jax.Array, mask: jax.Array, *,
 
 def polarised_kl(student_logp: jax.Array, ref_logp: jax.Array, credit: jax.Array, mask: jax.Array,
                  *, theta_kl: float = 0.1, neg_mode: str = "forward", neutral: str = "reverse",
-                 kl_clip: float | None = 10.0) -> jax.Array:
+                 kl_clip: float | None = 10.0,
+                 forward_kl_clip: float | None = 10.0) -> jax.Array:
     """Per-token KL to the reference, polarised by the sign of the credit (spec §4 step 7, [OURS]).
 
     With ``r = exp(clip(logp_ref - logp_S, +-20))``: ``c > theta_KL`` -> reverse k3
@@ -228,7 +239,9 @@ def polarised_kl(student_logp: jax.Array, ref_logp: jax.Array, credit: jax.Array
       neg_mode: ``"forward"`` (default, the abstract's mode-covering reading) or ``"negate"``
         (``-k3``, the [BRIEF] variant).
       neutral: ``"reverse"`` (default) or ``"zero"`` (no KL in the neutral zone).
-      kl_clip: both estimators are clipped to ``+-kl_clip`` like verl's k3; ``None`` disables.
+      kl_clip: the reverse k3 (and ``-k3``) is clipped to ``+-kl_clip`` like verl's; None: off.
+      forward_kl_clip: the forward-KL estimator's own clip (``r log r`` grows faster than k3
+        as ``r`` grows); None: off.
     Returns:
       ``[B, T]`` float32, 0 on masked positions.
     """
@@ -240,7 +253,7 @@ def polarised_kl(student_logp: jax.Array, ref_logp: jax.Array, credit: jax.Array
     d = _log_ratio(student_logp, ref_logp, valid)
     r = jnp.exp(d)
     rev = _clip_kl(r - 1.0 - d, kl_clip)
-    neg = _clip_kl(r * d - (r - 1.0), kl_clip) if neg_mode == "forward" else -rev
+    neg = _clip_kl(r * d - (r - 1.0), forward_kl_clip) if neg_mode == "forward" else -rev
     mid = rev if neutral == "reverse" else jnp.zeros_like(rev)
     out = jnp.where(c > theta_kl, rev, jnp.where(c < -theta_kl, neg, mid))
     return _valid_kl(out, student_logp, ref_logp, valid)
@@ -252,16 +265,17 @@ def craft_loss_terms(student_logp: jax.Array, ref_logp: jax.Array, gap: jax.Arra
                      controller: bool = True, polarise: bool = True, beta_gate: float = 5.0,
                      lambda_0: float = 0.01, mu_0: float = 0.001, theta_kl: float = 0.1,
                      neg_mode: str = "forward", neutral: str = "reverse",
-                     kl_clip: float | None = 10.0, **credit_options
-                     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+                     kl_clip: float | None = 10.0, forward_kl_clip: float | None = 10.0,
+                     **credit_options) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """CRAFT auxiliary loss ``lambda * L_distill + mu * L_KL`` as ``(sum, count, metrics)``.
 
     The method adds it to the GRPO surrogate (same token count under token-mean):
     ``L = L_GRPO + (sum / max(count, 1))``. Each pillar is a static flag that swaps in the baseline
     term — never a multiplication by 0 (spec §4, bit-exact switches):
 
-    * ``cti``: distillation weight = credit ``c`` (CTI, step 5); off -> the baseline SDAR gate
-      ``sigmoid(beta_gate * D)``. Both weight the sampled reverse-KL surrogate ``-w D logp_S``.
+    * ``cti``: the credit-weighted sampled reverse-KL surrogate ``-sg(c D) logp_S`` (CTI, step 5);
+      off -> the baseline, SDAR's gated loss ``sg(g) (sg(logp_T) - logp_S)``,
+      ``g = sigmoid(beta_gate * D)`` (value ``g D``, gradient ``-g grad logp_S``).
     * ``controller``: ``(lambda, mu)`` from ``state`` (step 6); off -> the constants
       ``(lambda_0, mu_0)``.
     * ``polarise``: :func:`polarised_kl` (step 7); off -> plain :func:`reverse_k3`.
@@ -276,7 +290,8 @@ def craft_loss_terms(student_logp: jax.Array, ref_logp: jax.Array, gap: jax.Arra
       cti, controller, polarise: static pillar switches.
       beta_gate: sharpness of the baseline SDAR gate.
       lambda_0, mu_0: baseline weights (used when the controller is off).
-      theta_kl, neg_mode, neutral, kl_clip: see :func:`polarised_kl` / :func:`credit_activity`.
+      theta_kl, neg_mode, neutral, kl_clip, forward_kl_clip: see :func:`polarised_kl` /
+        :func:`credit_activity` (``kl_clip`` also clips the baseline reverse k3).
       **credit_options: keywords of :func:`counterfactual_credit_from_gap`.
     Returns:
       ``(sum, count, metrics)``: float32 scalars, and a dict with ``distill_sum``, ``kl_sum``,
@@ -296,14 +311,15 @@ def craft_loss_terms(student_logp: jax.Array, ref_logp: jax.Array, gap: jax.Arra
         metrics["active_sum"], _ = credit_activity(credit, mask, theta_kl=theta_kl)
 
     if cti:
-        weight = credit
+        per_token = _weighted_sampled_rkl(credit, gap, student_logp, valid)
     else:
-        weight = jax.nn.sigmoid(beta_gate * jnp.where(valid, gap, 0.0))
-    distill_sum, count = masked_sum_count(_weighted_sampled_rkl(weight, gap, student_logp, valid),
-                                          valid)
+        gate = jax.nn.sigmoid(beta_gate * jnp.where(valid, gap, 0.0))
+        per_token = _sdar_gated(gate, gap, student_logp, valid)
+    distill_sum, count = masked_sum_count(per_token, valid)
     if polarise:
         kl_tok = polarised_kl(student_logp, ref_logp, credit, mask, theta_kl=theta_kl,
-                              neg_mode=neg_mode, neutral=neutral, kl_clip=kl_clip)
+                              neg_mode=neg_mode, neutral=neutral, kl_clip=kl_clip,
+                              forward_kl_clip=forward_kl_clip)
     else:
         kl_tok = reverse_k3(student_logp, ref_logp, mask, kl_clip=kl_clip)
     kl_sum, _ = masked_sum_count(kl_tok, valid)

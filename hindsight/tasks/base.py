@@ -54,7 +54,10 @@ class Task(Protocol):
     :data:`DEFAULT_REWARD_RANGE`: rewards outside it are an error) and, for tasks backed by a fixed
     list of problems, ``split_examples(split) -> list[Example]`` (every problem of ``split`` in
     file order; the training loop then draws steps' prompts from it in epochs, see
-    :func:`hindsight.train.loop.train_examples`)."""
+    :func:`hindsight.train.loop.train_examples`), and ``branch_mask(example, pieces) ->
+    list[bool]`` (per response token, its decoded text in ``pieces``: whether HDL may branch there;
+    the math tasks forbid the final answer, :func:`hindsight.tasks.math.branch_mask_before_answer`).
+    """
     name: str
 
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:

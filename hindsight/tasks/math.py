@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import random
 import re
+from collections.abc import Sequence
 from fractions import Fraction
 
 import sympy
@@ -78,21 +80,51 @@ _LOG10_MAX = math.log10(MAX_MAGNITUDE)
 _LOG10_RANGE = math.log10(MAX_RANGE)
 
 
-def _last_boxed(text: str) -> str | None:
-    """The content of the last complete ``\\boxed{...}`` (or ``\\fbox``) in ``text``."""
-    stack, found = [], None   # stack: (content start, is boxed) per open brace
+def _last_boxed_span(text: str) -> tuple[int, int, int] | None:
+    """``(command start, content start, content end)`` of the last complete ``\\boxed{...}``
+    (or ``\\fbox``) in ``text``."""
+    stack, found = [], None   # stack: (content start, is boxed, token start) per open brace
     for m in _BRACE_TOKEN.finditer(text):
         token = m.group()
         if token in ("\\{", "\\}"):
             continue
         if token == "}":
             if stack:
-                start, boxed = stack.pop()
-                if boxed and (found is None or start > found[0]):
-                    found = (start, m.start())
+                start, boxed, command = stack.pop()
+                if boxed and (found is None or start > found[1]):
+                    found = (command, start, m.start())
         else:
-            stack.append((m.end(), token != "{"))
-    return text[found[0]:found[1]].strip() if found else None
+            stack.append((m.end(), token != "{", m.start()))
+    return found
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` (or ``\\fbox``) in ``text``."""
+    found = _last_boxed_span(text)
+    return text[found[1]:found[2]].strip() if found else None
+
+
+def final_answer_start(response: str) -> int | None:
+    """Where the final answer of ``response`` begins (the last ``\\boxed`` command, else the last
+    final-answer marker), or None: what :func:`extract_math_answer` reads from there on."""
+    found = _last_boxed_span(response)
+    if found is not None:
+        return found[0]
+    markers = list(_MARKER.finditer(response))
+    return markers[-1].start() if markers else None
+
+
+def branch_mask_before_answer(pieces: Sequence[str]) -> list[bool]:
+    """Per token (its decoded text in ``pieces``), whether it starts before the final answer
+    (:func:`final_answer_start`): HDL never branches inside the answer itself, where resampling
+    a digit is a guess, not a change of mind (spec §2's ``eligible_mask`` example). Every token
+    is eligible when the response has no recognisable final answer."""
+    text = "".join(pieces)
+    start = final_answer_start(text)
+    if start is None:
+        return [True] * len(pieces)
+    offsets = itertools.accumulate((len(p) for p in pieces[:-1]), initial=0)
+    return [o < start for o in offsets] if pieces else []
 
 
 def _depth_at(text: str, end: int) -> int:
@@ -462,3 +494,7 @@ class MathWord:
 
     def verify(self, example: Example, response: str) -> Verdict:
         return verify_math(example.answer, response)
+
+    def branch_mask(self, example: Example, pieces: Sequence[str]) -> list[bool]:
+        """HDL's eligible branch positions: the tokens before the final answer."""
+        return branch_mask_before_answer(pieces)

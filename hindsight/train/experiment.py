@@ -336,6 +336,9 @@ def _resolve(config, num_devices, process_count) -> Experiment:
     if needs and reference is None:
         raise ValueError(f"method {exp.method!r} with this method_config needs a reference model; "
                          f"train.reference={t.reference!r} keeps none")
+    if method.config.needs_frozen_reference and reference != "frozen":
+        raise ValueError(f"method {exp.method!r} reads the reference as the frozen initial policy; "
+                         f"train.reference={t.reference!r} would move it (use 'frozen' or 'auto')")
     num_devices = jax.device_count() if num_devices is None else num_devices
     process_count = jax.process_count() if process_count is None else process_count
     mesh = t.mesh.resolve(num_devices)

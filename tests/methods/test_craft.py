@@ -25,8 +25,9 @@ def _value_and_grad(loss, model, reference, batch):
 
 
 def sdar_baseline(config):
-    """Spec §4's baseline written out: GRPO + lambda_0 * SDAR-gated sampled distillation
-    (``-sigmoid(beta D) D logp_S``) + mu_0 * reverse k3 to the reference, token means."""
+    """Spec §4's baseline written out: GRPO + lambda_0 * SDAR's gated distillation
+    (``sg(g) (sg(logp_T) - logp_S)``, ``g = sigmoid(beta D)``) + mu_0 * reverse k3 to the
+    reference, token means."""
     def loss(model, reference, batch):
         teacher = context_hidden(model, batch, "teacher", frozen=True)
         rows = policy_rows(model, batch, config, reference=reference, teacher=teacher)
@@ -35,8 +36,10 @@ def sdar_baseline(config):
         valid = jnp.asarray(batch["mask"]) > 0
         gap = jax.lax.stop_gradient(rows["teacher_logp"] - rows["logp"])
         gate = jax.nn.sigmoid(config.beta_gate * jnp.where(valid, gap, 0.0))
-        weight = jax.lax.stop_gradient(jnp.where(valid, gate * gap, 0.0))
-        distill = jnp.sum(jnp.where(valid, -(weight * jnp.where(valid, rows["logp"], 0.0)), 0.0))
+        g = jax.lax.stop_gradient(jnp.where(valid, gate, 0.0))
+        ls = jnp.where(valid, rows["logp"], 0.0)
+        teacher = jax.lax.stop_gradient(jnp.where(valid, gap, 0.0) + ls)
+        distill = jnp.sum(jnp.where(valid, g * (teacher - ls), 0.0))
         kl = jnp.sum(jnp.where(valid, reverse_k3(rows["logp"], rows["ref_logp"], valid), 0.0))
         terms["distill"] = Term(distill, count, config.lambda_0)
         terms["kl"] = Term(kl, count, config.mu_0)

@@ -10,8 +10,9 @@ from flax import nnx
 from hindsight.methods import LMHead, get_method
 from hindsight.objectives import distillation_loss
 from hindsight.ops import log_softmax, token_logprobs
+from hindsight.ops import generalized_jsd_from_logprobs
 from hindsight.signals import (barycenter_kl_from_logprobs, craft_loss_terms, persistence_loss,
-                               pmi_loss)
+                               pmi_loss, pmi_target)
 
 from tests.methods.helpers import add, numpy_surrogate, split
 
@@ -26,7 +27,7 @@ CASES = {name: dict(**options) for name, options in {
     "pcsd": dict(loss="rkl"),
     "craft": dict(group_size=4),
     "opsd": {},
-    "opsd_pmi": {},
+    "opsd_pmi": dict(temperature=1.1),  # the student at 1.1, the target at 1.0
     "demopsd": {},
     "rlsd": dict(lam_0=0.8),
     "sdpo": dict(top_k=10),
@@ -47,7 +48,7 @@ def case_batch(name, batch):
 VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "sdpo", "hsd", "h2sd")
 
 
-def dense_reference(name, config, dense, batch, state):
+def dense_reference(name, config, dense, batch, state, vocab_mask=None):
     """The method's objective from full logits (``dense``, see conftest) and the dense
     ops/signals, independent of the chunked path and of ``context_hidden``: every term of the
     wave-1 methods is a mean over the same count (tokens, or rows for ``seq-mean-token-mean``), so
@@ -55,7 +56,7 @@ def dense_reference(name, config, dense, batch, state):
     terms have counts of their own (rows with a context, failure rows)."""
     if name in ROW_MASKED:
         return _dense_self_distillation(name, config, dense, batch)
-    total, count = _dense_sum(name, config, dense, batch, state)
+    total, count = _dense_sum(name, config, dense, batch, state, vocab_mask)
     return float(total) / max(float(count), 1.0)
 
 
@@ -108,7 +109,7 @@ def _np_log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def _dense_sum(name, config, dense, batch, state):
+def _dense_sum(name, config, dense, batch, state, vocab_mask=None):
     targets, mask = jnp.asarray(batch["targets"]), jnp.asarray(batch["mask"])
     logits = dense["policy", None]
     teacher_net = "reference" if getattr(config, "teacher", "self") == "reference" else "policy"
@@ -118,9 +119,16 @@ def _dense_sum(name, config, dense, batch, state):
         if name == "opsd":
             return distillation_loss(logits, teacher, mask, divergence="jsd", beta=config.beta,
                                      temperature=config.temperature)[0], tokens
-        if name == "opsd_pmi":
-            return pmi_loss(teacher, dense[teacher_net, "probe"], dense["reference", None], logits,
-                            mask)[0], tokens
+        if name == "opsd_pmi":  # the target at target_temperature, the student at its own
+            if config.temperature == config.target_temperature:
+                return pmi_loss(teacher, dense[teacher_net, "probe"], dense["reference", None],
+                                logits, mask, temperature=config.temperature,
+                                vocab_mask=vocab_mask)[0], tokens
+            q = pmi_target(teacher, dense[teacher_net, "probe"], dense["reference", None],
+                           temperature=config.target_temperature, vocab_mask=vocab_mask)
+            student = log_softmax(logits / config.temperature, vocab_mask=vocab_mask)
+            jsd = generalized_jsd_from_logprobs(student, q, config.beta_jsd)
+            return jnp.sum(jnp.where(mask > 0, jsd, 0.0)), tokens
         ls = log_softmax(logits)
         kl = barycenter_kl_from_logprobs(ls, log_softmax(teacher))
         ratio = np.exp(np.clip(np.asarray(token_logprobs(logits, targets), np.float64)
@@ -266,7 +274,8 @@ def test_vocab_mask_reaches_every_method(name, models, batch, dense):
                                                     method_state=s).value())(
         *models, masked_batch, state)
     masked_dense = {k: jnp.where(jnp.asarray(keep), v, -1e9) for k, v in dense.items()}
-    want = dense_reference(name, config, masked_dense, masked_batch, state)
+    want = dense_reference(name, config, masked_dense, masked_batch, state,
+                           vocab_mask=jnp.asarray(keep))
     np.testing.assert_allclose(float(got), want, rtol=1e-5, atol=1e-7)
     unmasked = dense_reference(name, config, dense, masked_batch, state)
     assert abs(unmasked - want) > 1e-6  # the mask changed the loss

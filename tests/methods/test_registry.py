@@ -93,3 +93,15 @@ def test_sdpo_and_demopsd_configs_default_to_sdpos_ema_teacher():
     for module in (configs.sdpo, configs.demopsd):
         xp = resolve(module.get_config("tiny"), num_devices=1, process_count=1)
         assert (xp.reference, xp.config.train.ema_decay) == ("ema", 0.95)
+
+
+def test_opsd_pmi_refuses_a_moving_base():
+    """OPSD-PMI's base P0 is the frozen initial policy: an EMA reference is refused up front."""
+    import configs.opsd_pmi
+    from hindsight.train.experiment import ConfigError, resolve
+    config = configs.opsd_pmi.get_config("tiny")
+    assert resolve(config, num_devices=1, process_count=1).reference == "frozen"
+    config.train.reference = "ema"
+    with pytest.raises(ConfigError, match="opsd_pmi.*frozen initial policy.*'ema'"):
+        resolve(config, num_devices=1, process_count=1)
+    assert get_method("opsd_pmi").config.target_temperature == 1.0

@@ -131,3 +131,30 @@ def test_methods_without_a_recipe_refuse_a_row_masked_batch(models, batch):
     with pytest.raises(ValueError, match="opsd.*teacher_row_mask"):
         get_method("opsd").loss_fn(models[0], dict(batch, teacher_row_mask=np.ones(b)),
                                    reference=models[1])
+
+
+def test_opsd_top_k_loss_renormalises_over_the_teachers_top_k():
+    """OPSD's ``top_k_loss``: the teacher's top-2 of S / T (ids 1, 0), both renormalised over
+    them: ``p_S = [.7311, .2689]``, ``p_T = [.2689, .7311]`` at ids (0, 1), JSD_0.5 = 0.11094."""
+    config = get_method("opsd").make_config(divergence="topk", top_k=2)
+    d = config.token_divergence
+    got = d(jnp.asarray(logp(S), jnp.float32)[None], jnp.asarray(logp(T), jnp.float32)[None],
+            jnp.zeros(1, jnp.int32))
+    p, q = np.array([np.e, 1.0]) / (np.e + 1), np.array([1.0, np.e]) / (np.e + 1)
+    m = (p + q) / 2
+    want = 0.5 * np.sum(q * np.log(q / m)) + 0.5 * np.sum(p * np.log(p / m))
+    np.testing.assert_allclose(float(got[0]), want, rtol=1e-5)
+    np.testing.assert_allclose(want, 0.11094, atol=5e-5)
+    assert get_method("opsd").make_config(divergence="sampled").token_divergence.alpha == 1.0
+
+
+def test_opsd_token_clip_caps_each_tokens_divergence(models, batch):
+    opsd = get_method("opsd")
+    run = lambda **kw: opsd.loss_fn(models[0], batch, config=opsd.make_config(**kw),
+                                    reference=models[1])
+    free, capped = run(), run(token_clip=1e-4)
+    d = capped.terms["distill"]
+    assert float(free.terms["distill"].sum) > float(d.sum)
+    np.testing.assert_allclose(float(d.sum), 1e-4 * float(d.count), rtol=1e-5)
+    with pytest.raises(ValueError, match="token_clip"):
+        opsd.make_config(token_clip=0.0)

@@ -26,19 +26,21 @@ EXPECT = [[20, 37], [38, 16]]
 
 
 def fake_scores(model, contexts, responses, **kw):
-    """Original-context re-score (one shared prompt): log-prob 0 everywhere; hindsight scoring
-    (one context per root): known dips, so |logp_h - logp_orig| peaks where PEAKS say."""
+    """One call scores the roots under ``h`` (the first two contexts: known dips, so
+    ``|logp_h - logp_orig|`` peaks where PEAKS say) and, re-scored, after the prompt (the last
+    two: log-prob 0 everywhere)."""
+    assert len(contexts) == 2 * len(PEAKS)
     out = np.zeros((len(responses), max(len(r) for r in responses)), np.float32)
-    if len(contexts) > 1:
-        for r, peaks in enumerate(PEAKS):
-            for t, v in peaks.items():
-                out[r, t] = -v
+    for r, peaks in enumerate(PEAKS):
+        for t, v in peaks.items():
+            out[r, t] = -v
     return out
 
 
 def test_tree_branches_at_peaks_with_suffix_masks(model, tokenizer, monkeypatch):
     monkeypatch.setattr(hdl_module, "score_logprobs", fake_scores)
-    method = dataclasses.replace(configured("hdl"), contexts=("hindsight",))
+    method = dataclasses.replace(configured("hdl", min_prefix_fraction=0.25),
+                                 contexts=("hindsight",))
     exs = examples("mixed", "zero")
     batch, stats = collect(method, model, tokenizer, ScriptedTask(), exs, key=jax.random.key(3),
                            sampling=SamplingParams(max_new_tokens=48),
@@ -87,7 +89,7 @@ def test_tree_branches_at_peaks_with_suffix_masks(model, tokenizer, monkeypatch)
 
 
 def test_short_roots_fall_back_and_keep_16_rows(model, tokenizer):
-    method = configured("hdl", baseline="node")
+    method = configured("hdl", baseline="node", tail_guard=0)
     cfg = method.config
     exs = examples("mixed")
     batch, stats = collect(method, model, tokenizer, ScriptedTask(), exs, key=jax.random.key(4),
@@ -96,7 +98,7 @@ def test_short_roots_fall_back_and_keep_16_rows(model, tokenizer):
     assert batch["targets"].shape == (16, 2)
     # a 2-token root has one branchable position (1): 4 continuations there, 3 fresh rollouts
     assert stats.branch_positions == [[[1, -1], [1, -1]]]
-    assert stats.branch_sources == [["random", "random"]]
+    assert stats.branch_sources == [["relaxed", "relaxed"]]
     expect = np.ones((16, 2), bool)
     expect[[1, 2, 3, 4, 9, 10, 11, 12], 0] = False
     np.testing.assert_array_equal(batch["mask"] > 0, expect)
@@ -127,3 +129,39 @@ def test_default_tree_reflections_stay_under_the_cap(model, tokenizer):
                        key=jax.random.key(5), sampling=SamplingParams(max_new_tokens=96),
                        rollout=RolloutConfig(stop_at_eos=False, tree=TreeOptions(templates=SHORT)))
     assert 2 <= stats.reflection_tokens[0] <= 2 * 12  # two reflections of at most 96 // 8
+
+
+@pytest.mark.parametrize("scoring_temperature,rescored", [(1.0, True), (None, False), (0.7, False)])
+def test_scoring_temperature(model, tokenizer, monkeypatch, scoring_temperature, rescored):
+    """The score's two log-probs are at ``scoring_temperature`` (the spec's 1.0 by default):
+    sampled at 0.7, the roots are then re-scored after the prompt in the same call; at the
+    sampling temperature (None, or equal) the sampler's log-probs are reused."""
+    calls = []
+
+    def spy(model, contexts, responses, **kw):
+        calls.append((len(contexts), kw["temperature"]))
+        return score_logprobs(model, contexts, responses, **kw)
+
+    monkeypatch.setattr(hdl_module, "score_logprobs", spy)
+    method = configured("hdl", temperature=0.7, scoring_temperature=scoring_temperature)
+    collect(method, model, tokenizer, ScriptedTask(), examples("mixed"), key=jax.random.key(5),
+            sampling=SamplingParams(max_new_tokens=24, temperature=0.7),
+            rollout=RolloutConfig(stop_at_eos=False, tree=dataclasses.replace(
+                TREE, rescore_original=False)))
+    want = 1.0 if scoring_temperature == 1.0 else 0.7
+    assert calls == [(4 if rescored else 2, want)]
+
+
+def test_a_tasks_branch_mask_reaches_the_tree(model, tokenizer):
+    """A task whose ``branch_mask`` forbids every token leaves no branch point: the tree is its
+    roots and fresh rollouts."""
+    class Forbidding(ScriptedTask):
+        def branch_mask(self, example, pieces):
+            return [False] * len(pieces)
+
+    _, stats = collect(configured("hdl", tail_guard=2), model, tokenizer, Forbidding(),
+                       examples("mixed"), key=jax.random.key(6),
+                       sampling=SamplingParams(max_new_tokens=24),
+                       rollout=RolloutConfig(stop_at_eos=False, tree=TREE))
+    assert stats.branch_positions == [[[-1, -1], [-1, -1]]]
+    assert stats.branch_sources == [["fresh", "fresh"]]

@@ -192,8 +192,10 @@ def test_craft_loss_terms_match_reference(flags):
     tok, m = np.asarray(tokens), f64(mask)
     ls, lr = gather(log_softmax(student), tok), gather(log_softmax(ref), tok)
     c = ref_credit(gap, mask, adv, 4)
-    w = c if flags["cti"] else sigmoid(5.0 * f64(gap))
-    distill = (-w * f64(gap) * ls * m).sum()
+    if flags["cti"]:  # -c D logp_S
+        distill = (-c * f64(gap) * ls * m).sum()
+    else:  # SDAR: g (sg(logp_T) - logp_S), whose value is g D
+        distill = (sigmoid(5.0 * f64(gap)) * f64(gap) * m).sum()
     kl = (ref_polarised(ls, lr, c, mask) if flags["polarise"] else ref_k3(ls, lr) * m).sum()
     lam, mu = (float(state.lam), float(state.mu)) if flags["controller"] else (0.01, 0.001)
     assert_close(metrics["distill_sum"], distill)
@@ -205,13 +207,15 @@ def test_craft_loss_terms_match_reference(flags):
 
 
 def _baseline(student_logits, ref_logits, tokens, gap, mask):
-    """Hand-written baseline: SDAR-gated sampled reverse KL + fixed-weight verl k3 (no pillars)."""
+    """Hand-written baseline: SDAR's gated loss ``sg(g) (sg(logp_T) - logp_S)`` + fixed-weight
+    verl k3 (no pillars)."""
     valid = mask > 0
     ls = jnp.where(valid, token_logprobs(student_logits, tokens), 0.0)
     lr = jnp.where(valid, token_logprobs(ref_logits, tokens), 0.0)
-    gate = jax.nn.sigmoid(5.0 * jnp.where(valid, gap, 0.0))
-    w = jax.lax.stop_gradient(jnp.where(valid, gate * gap, 0.0))
-    distill_sum = jnp.sum(jnp.where(valid, -(w * ls), 0.0))
+    g = jax.lax.stop_gradient(jnp.where(valid, jax.nn.sigmoid(5.0 * jnp.where(valid, gap, 0.0)),
+                                        0.0))
+    teacher = jax.lax.stop_gradient(jnp.where(valid, gap, 0.0) + ls)
+    distill_sum = jnp.sum(jnp.where(valid, g * (teacher - ls), 0.0))
     d = jnp.clip(lr - ls, -20.0, 20.0)
     k3_sum = jnp.sum(jnp.where(valid, jnp.where(valid, jnp.clip(jnp.exp(d) - 1.0 - d, -10.0, 10.0),
                                                 0.0), 0.0))
@@ -295,3 +299,31 @@ def test_bad_input():
         signals.polarised_kl(mask, mask, mask, mask, neg_mode="flip")
     with pytest.raises(ValueError, match="`state`"):
         signals.craft_loss_terms(mask, mask, mask, mask, adv, 2, None)
+
+
+def test_baseline_gradient_is_the_sdar_gate_not_gate_times_gap():
+    """SDAR's ``sg(g) (sg(logp_T) - logp_S)``: value ``g D``, gradient ``-g`` w.r.t. ``logp_S``
+    (no extra factor ``D``)."""
+    rng = np.random.default_rng(12)
+    ls = jnp.asarray(np.log(rng.uniform(0.05, 1, (4, 5))), jnp.float32)
+    gap = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+    mask = random_mask(rng, 4, 5)
+    off = dict(cti=False, controller=False, polarise=False)
+    distill = lambda x: signals.craft_loss_terms(x, x, gap, mask, jnp.zeros(4), 4, **off)[2][
+        "distill_sum"]
+    g = sigmoid(5.0 * f64(gap)) * f64(mask)
+    assert_close(distill(ls), (g * f64(gap)).sum())
+    assert_close(jax.grad(distill)(ls), -g)
+
+
+def test_forward_kl_clip_is_its_own_keyword():
+    ls = jnp.log(jnp.asarray([[0.001, 0.3]]))
+    lr = jnp.log(jnp.asarray([[0.9, 0.5]]))  # r = 900: r log r - (r - 1) = 5223
+    c = jnp.asarray([[-1.0, -1.0]])
+    mask = jnp.ones((1, 2))
+    loose = signals.polarised_kl(ls, lr, c, mask, kl_clip=10.0, forward_kl_clip=None)
+    tight = signals.polarised_kl(ls, lr, c, mask, kl_clip=None, forward_kl_clip=10.0)
+    r = 900.0
+    assert_close(loose[0, 0], r * np.log(r) - (r - 1), 1e-5, 0)
+    assert float(tight[0, 0]) == 10.0
+    assert_close(loose[0, 1], tight[0, 1])

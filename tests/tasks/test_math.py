@@ -198,3 +198,17 @@ def test_choice_feedback_and_arguments():
         verify_choice("E", "E", num_choices=4)
     with pytest.raises(ValueError, match="`num_choices`"):
         verify_choice("A", "A", num_choices=1)
+
+
+def test_branch_mask_stops_at_the_final_answer():
+    from hindsight.tasks import MathWord
+    from hindsight.tasks.math import branch_mask_before_answer, final_answer_start
+    pieces = ["So ", "3+4", " = 7. ", "The answer is ", "\\boxed{", "7", "}"]
+    assert branch_mask_before_answer(pieces) == [True] * 4 + [False] * 3
+    assert final_answer_start("x \\boxed{1} then \\boxed{2}") == len("x \\boxed{1} then ")
+    assert branch_mask_before_answer(["a", " Final answer:", " 7"]) == [True, True, False]
+    assert branch_mask_before_answer(["no", " answer yet"]) == [True, True]
+    assert branch_mask_before_answer([]) == []
+    task = MathWord()
+    ex = task.examples(split="train", count=1, seed=0)[0]
+    assert task.branch_mask(ex, pieces) == branch_mask_before_answer(pieces)
