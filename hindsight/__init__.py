@@ -12,8 +12,8 @@ cheap and never pulls the model loaders' heavy dependencies into a notebook that
 import importlib
 
 __version__ = "0.1.0"
-SUBPACKAGES = ("methods", "models", "objectives", "ops", "rollout", "sampling", "signals", "tasks",
-               "train")
+SUBPACKAGES = ("envs", "methods", "models", "objectives", "ops", "rollout", "sampling", "signals",
+               "tasks", "testing", "train")
 __all__ = list(SUBPACKAGES)
 
 

@@ -77,10 +77,20 @@ def _arm(method, model, tok, task, examples, *, key, params, rollout):
             _COMPILE["seconds"] - compiled)
 
 
-def _tree_shape(batch, stats, counts) -> dict:
-    """Root lengths, branch points relative to their root, new tokens per continuation."""
+def _tree_shape(batch, stats, config) -> dict:
+    """Root lengths, branch points relative to their root, new tokens per continuation, and the
+    mean reward of the roots, of the continuations and of the fresh rows."""
     import numpy as np
 
+    from hindsight.rollout import TreeLayout, tree_layout
+
+    counts = config.counts
+    g = stats.group_size
+    rewards = np.asarray(batch["rewards"]).reshape(stats.num_groups, g)
+    kinds = np.stack([tree_layout(np.asarray(pts), config).kind
+                      for pts in stats.branch_positions])
+    reward = lambda kind: round(float(rewards[kinds == kind].mean()), 4) \
+        if (kinds == kind).any() else None
     lengths = np.asarray(batch["mask"]).sum(-1).reshape(stats.num_groups, stats.group_size)
     roots = lengths[:, [0, stats.group_size // 2]]
     rel = [p / roots[g, r] for g, pts in enumerate(stats.branch_positions)
@@ -90,7 +100,10 @@ def _tree_shape(batch, stats, counts) -> dict:
     return {"root_len_mean": round(float(roots.mean()), 1),
             "branch_rel_position_mean": round(float(np.mean(rel)), 3) if rel else None,
             "continuation_new_tokens_mean":
-                round(stats.phase_tokens.get("continuations", 0) / n_cont, 1) if n_cont else None}
+                round(stats.phase_tokens.get("continuations", 0) / n_cont, 1) if n_cont else None,
+            "root_reward_mean": reward(TreeLayout.ROOT),
+            "continuation_reward_mean": reward(TreeLayout.CONTINUATION),
+            "fresh_reward_mean": reward(TreeLayout.FRESH)}
 
 
 def main(argv=None) -> dict:
@@ -180,11 +193,12 @@ def main(argv=None) -> dict:
         "reflection_max_tokens": refl, "slots": slots,
         "chunk_steps": arms["grpo"].chunk_steps,
         "min_prefix_fraction": methods["hdl"].config.min_prefix_fraction,
+        "scoring_temperature": methods["hdl"].config.scoring_temperature,
         "response_len_mean_grpo": round(grpo.response_length_mean, 1),
         "grpo_tokens_per_group": round(g_tok, 1), "hdl_tokens_per_group": round(h_tok, 1),
         "hdl_reflection_tokens_per_group": round(per(hdl.reflection_tokens), 1),
         "hdl_phase_tokens": hdl.phase_tokens,
-        "hdl_tree": _tree_shape(hdl_batch, hdl, methods["hdl"].config.counts),
+        "hdl_tree": _tree_shape(hdl_batch, hdl, methods["hdl"].config),
         "repetitions": args.reps,
         "rollout_seconds_per_repetition": {k: [round(x, 2) for x in v]
                                            for k, v in rollout_seconds.items()},

@@ -77,7 +77,7 @@ EVAL_STREAM = 2**31 - 1  # fold_in index of the evaluation key (training steps u
 def load_policy(section, mesh):
     """``(model, tokenizer)`` for the config's model section."""
     if section.name == TINY_MODEL:
-        from hindsight.methods.testing import CharTokenizer, char_model
+        from hindsight.testing import CharTokenizer, char_model
         return char_model(0), CharTokenizer()
     from hindsight.models import load
     return load(section.name, dtype=jnp.dtype(section.dtype), mesh=mesh,

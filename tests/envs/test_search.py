@@ -5,7 +5,7 @@ import pytest
 
 from hindsight.envs import make_env
 from hindsight.envs.search import exact_match, f1_score, read_corpus
-from hindsight.methods.testing import CharTokenizer
+from hindsight.testing import CharTokenizer
 from hindsight.rollout.episodes import Episode
 from hindsight.tasks import get_task
 

@@ -2,7 +2,7 @@
 import pytest
 from flax import nnx
 
-from hindsight.methods.testing import make_batch, tiny_model
+from hindsight.testing import make_batch, tiny_model
 
 from tests.methods.helpers import dense_logits
 

@@ -14,7 +14,7 @@ from hindsight.batch import check_batch
 from hindsight.methods import LMHead, RolloutShape, get_method
 from hindsight.methods.grpo import GRPOConfig
 from hindsight.methods.policy_gradient import surrogate_loss
-from hindsight.methods.testing import make_batch, tiny_model
+from hindsight.testing import make_batch, tiny_model
 
 ROWS = np.array([1, 1, 0, 1, 0, 1, 1, 1], np.float32)
 

@@ -13,7 +13,7 @@ from flax import nnx
 from hindsight.methods import LMHead
 from hindsight.methods.grpo import GRPOConfig
 from hindsight.methods.policy_gradient import policy_rows, surrogate_loss, surrogate_terms
-from hindsight.methods.testing import make_batch, tiny_model
+from hindsight.testing import make_batch, tiny_model
 from hindsight.objectives import Loss, objective
 
 CASES = [

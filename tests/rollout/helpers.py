@@ -1,11 +1,11 @@
 """Test doubles for the rollout tests: the library's character tokenizer and tiny decoder
-(:mod:`hindsight.methods.testing`), and a verifier whose rewards the test controls."""
+(:mod:`hindsight.testing`), and a verifier whose rewards the test controls."""
 from __future__ import annotations
 
 import collections
 import dataclasses
 
-from hindsight.methods.testing import CharTokenizer, char_model
+from hindsight.testing import CharTokenizer, char_model
 from hindsight.tasks import Example, Verdict
 
 __all__ = ["CharTokenizer", "ScriptedTask", "char_model", "examples"]

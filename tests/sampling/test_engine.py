@@ -137,7 +137,7 @@ def test_a_result_that_takes_over_the_slot_batch_stays_valid(tiny):
 def test_stop_check_ends_rows_at_the_cut_with_the_uncut_prefix():
     """A stop check ends a row while decoding, at the length it returns; the kept tokens and
     log-probs are the uncut row's prefix, and the row can be extended from there."""
-    from hindsight.methods.testing import char_model
+    from hindsight.testing import char_model
     from hindsight.sampling import SamplingParams
     from hindsight.sampling.engine import Engine
 

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hindsight.methods.testing import CharTokenizer, char_model
+from hindsight.testing import CharTokenizer, char_model
 from hindsight.sampling import SamplingParams, generate, sample_tokens
 
 TEMPERATURES = [1e-30, 1e-20, 1e-12, 1e-10, 1e-8, 1e-5, 1e-2, 0.5, 1.0, 10.0, 1e3]

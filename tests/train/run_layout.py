@@ -16,7 +16,7 @@ import numpy as np
 
 import hindsight.train as ht
 from hindsight.methods import LMHead, RolloutShape, get_method
-from hindsight.methods.testing import make_batch, tiny_model
+from hindsight.testing import make_batch, tiny_model
 from tests.train.helpers import flat, max_rel_err
 
 ROWS, GROUP = 32, 8

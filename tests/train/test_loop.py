@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hindsight.methods import REGISTRY
-from hindsight.methods.testing import char_model
+from hindsight.testing import char_model
 from hindsight.tasks import Example, Verdict, register, task_names
 from hindsight.train.experiment import ConfigError, resolve
 from hindsight.train.loop import run

@@ -12,7 +12,7 @@ import pytest
 
 import hindsight.train as ht
 from hindsight.methods import LMHead, RolloutShape, get_method
-from hindsight.methods.testing import make_batch, tiny_model
+from hindsight.testing import make_batch, tiny_model
 from hindsight.ops import token_logprobs
 from hindsight.train.loop import run
 from tests.methods.helpers import dense_logits, numpy_surrogate
