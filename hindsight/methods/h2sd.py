@@ -28,7 +28,8 @@ from hindsight._validation import check_static_float
 from hindsight.batch import check_batch
 from hindsight.methods.distill import TeacherSurrogateConfig, teacher_policy_rows
 from hindsight.methods.forward import context_mask
-from hindsight.methods.method import Method, require_no_state, resolve_config
+from hindsight.methods.method import (Method, require_no_state, require_row_advantages,
+                                      resolve_config)
 from hindsight.methods.policy_gradient import surrogate_terms
 from hindsight.objectives import Loss, aggregate, h2sd_advantages, term
 from hindsight.tasks import SUCCESS_REWARD
@@ -71,9 +72,7 @@ def loss_fn(model, batch, *, config: H2SDConfig | None = None, head=None, refere
     config = resolve_config(NAME, config, H2SDConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    if jnp.ndim(batch["advantages"]) != 1:
-        raise ValueError(f"method {NAME!r} routes a per-row advantage: batch['advantages'] must "
-                         f"be [B], got shape {jnp.shape(batch['advantages'])}")
+    require_row_advantages(NAME, batch)
     rows = teacher_policy_rows(NAME, model, batch, config, head=head, reference=reference)
     mask = context_mask(batch, "teacher")
     success = jnp.asarray(batch["rewards"], jnp.float32) >= SUCCESS_REWARD

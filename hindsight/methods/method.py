@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
 
 from hindsight._validation import check_static_float
 from hindsight.batch import context_key
@@ -230,3 +232,32 @@ def teacher_hidden(name: str, teacher: str, model, reference, batch, context: st
                          f"only methods with a `teacher_context` recipe leave such rows out")
     return context_hidden(teacher_model(name, teacher, model, reference), batch, context,
                           frozen=True)
+
+
+class StepState(NamedTuple):
+    """The state of a method with a schedule (RLSD's ``lam``, β-OPSD's ``w``): rollouts trained
+    on so far (int32 scalar), checkpointed with the train state, so a resumed run continues the
+    schedule exactly."""
+    step: Any
+
+
+def init_step_state(config) -> StepState:
+    return StepState(step=jnp.zeros((), jnp.int32))
+
+
+def advance_step(state: StepState, metrics: dict, config) -> StepState:
+    """One rollout trained on: the schedule advances a step (``update_state``)."""
+    return StepState(step=state.step + 1)
+
+
+def require_step_state(name: str, method_state) -> None:
+    if not isinstance(method_state, StepState):
+        raise ValueError(f"method {name!r} needs its state (its schedule's step): pass "
+                         f"method_state=init_state(config), got {type(method_state).__name__}")
+
+
+def require_row_advantages(name: str, batch) -> None:
+    """Raise unless ``batch["advantages"]`` is per row (``[B]``): the method modulates it."""
+    if jnp.ndim(batch["advantages"]) != 1:
+        raise ValueError(f"method {name!r} modulates a per-row advantage: batch['advantages'] "
+                         f"must be [B], got shape {jnp.shape(batch['advantages'])}")

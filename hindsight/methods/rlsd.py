@@ -9,20 +9,20 @@ advantage ``A`` of the row becomes ``A ((1 - lam) + lam clip(w_t, 1 - eps_w, 1 +
 distillation term, so the gradient flows through the policy term only. ``lam`` follows a schedule
 over training steps (OUR CHOICE, SDAR's reimplementation: ``lam_0 = 0.5`` decaying linearly to 0
 over ``lam_steps = 50`` steps, "gradually transitioning to uniform"): the step is the method's
-state (:class:`RLSDState`, advanced once per rollout, checkpointed with the train state), so a
+state (:class:`~hindsight.methods.method.StepState`, advanced once per rollout, checkpointed with the train state), so a
 resumed run continues the schedule exactly.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
-from hindsight.methods.method import TEACHERS, Method, resolve_config, teacher_hidden
+from hindsight.methods.method import (TEACHERS, Method, StepState, advance_step, init_step_state,
+                                      require_row_advantages, require_step_state, resolve_config,
+                                      teacher_hidden)
 from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows, surrogate_terms
 from hindsight.objectives import Loss, aggregate, rlsd_advantages
 
@@ -69,35 +69,17 @@ class RLSDConfig(SurrogateConfig):
         return jnp.float32(self.lam_0) * jnp.clip(1.0 - progress, 0.0, 1.0)
 
 
-class RLSDState(NamedTuple):
-    """The schedule's position: rollouts trained on so far (int32 scalar)."""
-    step: jax.Array
-
-
-def init_state(config: RLSDConfig) -> RLSDState:
-    return RLSDState(step=jnp.zeros((), jnp.int32))
-
-
-def update_state(state: RLSDState, metrics: dict, config: RLSDConfig) -> RLSDState:
-    """One rollout trained on: the schedule advances a step."""
-    return RLSDState(step=state.step + 1)
-
-
 def loss_fn(model, batch, *, config: RLSDConfig | None = None, head=None, reference=None,
-            method_state: RLSDState | None = None) -> Loss:
+            method_state: StepState | None = None) -> Loss:
     """The GRPO surrogate with RLSD's per-token advantages: one term, ``policy`` (token mean).
 
     Metrics: GRPO's plus ``lam`` (this step's), ``teacher_gap`` (mean ``l_T - l_S``) and
     ``advantage_scale`` (mean ``A_hat / A`` over tokens of rows with ``A != 0``).
     """
     config = resolve_config(NAME, config, RLSDConfig())
-    if not isinstance(method_state, RLSDState):
-        raise ValueError(f"method {NAME!r} needs its state (the schedule's step): pass "
-                         f"method_state=init_state(config), got {type(method_state).__name__}")
+    require_step_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    if jnp.ndim(batch["advantages"]) != 1:
-        raise ValueError(f"method {NAME!r} modulates a per-row advantage: batch['advantages'] "
-                         f"must be [B], got shape {jnp.shape(batch['advantages'])}")
+    require_row_advantages(NAME, batch)
     teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
     rows = policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher)
     mask = batch["mask"]
@@ -116,5 +98,5 @@ def loss_fn(model, batch, *, config: RLSDConfig | None = None, head=None, refere
 
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=RLSDConfig(), contexts=CONTEXTS,
-                rollout=ROLLOUT, fields=FIELDS, init_state=init_state, update_state=update_state,
+                rollout=ROLLOUT, fields=FIELDS, init_state=init_step_state, update_state=advance_step,
                 paper="Self-Distilled RLVR (RLSD), arXiv 2604.03128 (spec §2)")

@@ -14,8 +14,8 @@ from hindsight.objectives.kl_estimators import ESTIMATORS, kl_penalty
 from hindsight.objectives.policy import (RATIO_LEVELS, clipped_surrogate, policy_loss,
                                          token_surrogate)
 from hindsight.objectives.shaping import overlong_penalty
-from hindsight.objectives.teacher_advantages import (atod_advantages, flip_advantages,
-                                                     grsd_advantages, h2sd_advantages,
+from hindsight.objectives.teacher_advantages import (atod_advantages, flip_advantages, flip_at,
+                                                     grsd_advantages, h2sd_advantages, localise,
                                                      rlsd_advantages)
 from hindsight.objectives.terms import Loss, Term, objective, scale, term, term_metrics
 
@@ -24,5 +24,6 @@ __all__ = [
     "finalize", "finalize_metrics", "group_advantages", "kl_penalty", "overlong_penalty",
     "objective", "policy_loss", "sampled_distillation_loss", "scale", "term", "term_metrics",
     "RATIO_LEVELS", "SCALES", "token_surrogate", "token_weights",
-    "atod_advantages", "flip_advantages", "grsd_advantages", "h2sd_advantages", "rlsd_advantages",
+    "atod_advantages", "flip_advantages", "flip_at", "grsd_advantages", "h2sd_advantages",
+    "localise", "rlsd_advantages",
 ]

@@ -147,6 +147,22 @@ def flip_advantages(advantages, criterion_logits, plain_logits, tokens, mask, *,
     y = jnp.where(valid, jnp.asarray(tokens, jnp.int32), 0)[..., None]
     lc = jnp.take_along_axis(jax.nn.log_softmax(zc, axis=-1), y, axis=-1)[..., 0]
     lp = jnp.take_along_axis(jax.nn.log_softmax(zp, axis=-1), y, axis=-1)[..., 0]
-    loc = (lc - lp > 0) & (jnp.argmax(zp, axis=-1) != y[..., 0])
+    return flip_at(a, localise(lc, lp, jnp.argmax(zp, axis=-1) != y[..., 0]), valid,
+                   tau_flip=tau_flip)
+
+
+def localise(criterion_logp, plain_logp, plain_disagrees) -> jax.Array:
+    """CriPO's localisation (§14 step 4) ``[B, T]`` bool from per-token quantities: the criterion
+    raises the sampled token's log-prob (``criterion_logp - plain_logp > 0``, both at the sampled
+    token) and the plain teacher's argmax is another token (``plain_disagrees``)."""
+    return (_sg(as_f32(criterion_logp)) - _sg(as_f32(plain_logp)) > 0) & jnp.asarray(
+        plain_disagrees, bool)
+
+
+def flip_at(advantages, loc, mask, *, tau_flip: float = 0.1) -> jax.Array:
+    """CriPO's flip (§14 step 5) ``[B, T]``: on rows with ``A < 0`` the ``loc`` tokens get
+    ``+tau_flip``, every other token keeps ``A`` (0 where masked)."""
+    a = _sg(as_f32(advantages))
+    valid = jnp.asarray(mask) > 0
     value = jnp.where((a < 0)[:, None] & loc, jnp.float32(tau_flip), a[:, None])
     return _sg(jnp.where(valid, value, 0.0))

@@ -15,7 +15,8 @@ it, so the loss leaves it out (SDPO's ``self_distillation_mask``).
     ("own_success|hint",)             H2SD: the row's own correct answer, else the hint
 
 Parts (wording in :class:`hindsight.rollout.prompts.Templates`): ``reference`` (the example's
-reference answer), ``hint`` (the same answer as a hint of the key steps), ``successful_peer``
+reference answer), ``criteria`` (CriPO's criterion, OUR CHOICE: what a correct answer must
+satisfy, built from the reference answer), ``hint`` (the same answer as a hint of the key steps), ``successful_peer``
 (SDPO's rule: the first other row of the group with reward >= ``success_threshold``, thinking
 stripped), ``random_successful_peer`` (HSD's OUR CHOICE: one of them drawn uniformly from the
 rollout's seed), ``feedback`` (the verifier's feedback on a row that failed; none on a success),
@@ -36,6 +37,8 @@ from hindsight.sampling.text import encode_prompt
 from hindsight.tasks import SUCCESS_REWARD, Example
 
 CONTEXT_PARTS = Registry("teacher context part")
+ANSWER_PARTS = ("reference", "criteria", "hint")
+"""The parts built from the example's reference answer (every row has them when it has one)."""
 REFERENCE_RECIPE = ("reference",)
 """The recipe of methods whose config names none: question + reference answer."""
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
@@ -82,6 +85,12 @@ def _answer(view: GroupView) -> str | None:
 def reference(view: GroupView, row: int) -> str | None:
     answer = _answer(view)
     return None if answer is None else view.templates.reference_part.format(answer=answer)
+
+
+@CONTEXT_PARTS.register("criteria")
+def criteria(view: GroupView, row: int) -> str | None:
+    answer = _answer(view)
+    return None if answer is None else view.templates.criteria_part.format(answer=answer)
 
 
 @CONTEXT_PARTS.register("hint")
@@ -140,13 +149,13 @@ def parse_recipe(recipe, *, where: str = "teacher_context") -> tuple[tuple[str, 
 
 def always_available(recipe) -> bool:
     """Whether every row has a context under ``recipe`` when the examples have reference answers:
-    some item of it offers ``reference`` or ``hint``."""
-    return any({"reference", "hint"} & set(names) for names in parse_recipe(recipe))
+    some item of it offers a part of :data:`ANSWER_PARTS`."""
+    return any(set(ANSWER_PARTS) & set(names) for names in parse_recipe(recipe))
 
 
 def needs_answer(recipe) -> bool:
     """Whether ``recipe`` reads the examples' reference answers."""
-    return any({"reference", "hint"} & set(names) for names in parse_recipe(recipe))
+    return any(set(ANSWER_PARTS) & set(names) for names in parse_recipe(recipe))
 
 
 def row_context(view: GroupView, row: int, recipe) -> str | None:

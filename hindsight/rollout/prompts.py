@@ -33,9 +33,9 @@ class Templates:
         itself is never pasted (it would make the score trivially small by copying).
       instruction: user turn of a teacher context (:mod:`hindsight.rollout.contexts`):
         ``{question}`` and ``{passages}``, the recipe's available parts joined by blank lines.
-      reference_part, hint_part: ``{answer}``; peer_part (a successful peer's response, SDPO's
-        "Correct solution"), own_success_part (the row's own verified answer, H2SD's
-        rephrasing): ``{solution}``; feedback_part: ``{feedback}``.
+      reference_part, hint_part, criteria_part: ``{answer}``; peer_part (a successful peer's
+        response, SDPO's "Correct solution"), own_success_part (the row's own verified answer,
+        H2SD's rephrasing): ``{solution}``; feedback_part: ``{feedback}``.
       probe: user turn of the reference-only context: ``{answer}``.
     """
     reflection: str = "Feedback: {feedback}. Root cause, fix, first step to change?"
@@ -46,6 +46,8 @@ class Templates:
                         "After understanding the above, solve the original question correctly.")
     reference_part: str = "Here is a reference solution:\n{answer}"
     hint_part: str = "Hint (the key steps and the verified answer):\n{answer}"
+    criteria_part: str = ("Criteria for a correct answer: every step follows from the previous one "
+                          "and the final answer equals {answer}.")
     peer_part: str = "Correct solution:\n{solution}"
     feedback_part: str = "The following is feedback from your unsuccessful earlier attempt:\n{feedback}"
     own_success_part: str = ("Your earlier answer, verified correct:\n{solution}\n\n"

@@ -33,8 +33,10 @@ CASES = {name: dict(**options) for name, options in {
     "sdpo": dict(top_k=10),
     "hsd": dict(top_k=10, lam_hsd=0.5),
     "h2sd": dict(top_k=10, gamma=0.7),
+    "beta_opsd": dict(w_start=0.6, gamma=0.9),
+    "cripo": dict(tau_flip=0.3, lam_inj=0.5),
 }.items()}
-ROW_MASKED = ("sdpo", "hsd", "h2sd")  # read ``teacher_row_mask``: their batch lacks row 3's context
+ROW_MASKED = ("sdpo", "hsd", "h2sd", "cripo")  # read ``teacher_row_mask``: their batch lacks row 3's context
 
 
 def case_batch(name, batch):
@@ -45,7 +47,7 @@ def case_batch(name, batch):
     keep[3] = 0.0
     return dict(batch, teacher_row_mask=keep)
 
-VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "sdpo", "hsd", "h2sd")
+VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "sdpo", "hsd", "h2sd", "beta_opsd", "cripo")
 
 
 def dense_reference(name, config, dense, batch, state, vocab_mask=None):
@@ -54,35 +56,68 @@ def dense_reference(name, config, dense, batch, state, vocab_mask=None):
     wave-1 methods is a mean over the same count (tokens, or rows for ``seq-mean-token-mean``), so
     the objective is the weighted sum of term sums over that count; the self-distillation methods'
     terms have counts of their own (rows with a context, failure rows)."""
-    if name in ROW_MASKED:
+    if name in ROW_MASKED or name == "beta_opsd":
         return _dense_self_distillation(name, config, dense, batch)
     total, count = _dense_sum(name, config, dense, batch, state, vocab_mask)
     return float(total) / max(float(count), 1.0)
 
 
 def _dense_self_distillation(name, config, dense, batch):
-    """SDPO / HSD / H2SD in float64 NumPy from the dense logits: the top-k divergence (tail
-    bucket), the importance weight and the routing, written out independently of the methods."""
+    """SDPO / HSD / H2SD / beta-OPSD / CriPO in float64 NumPy from the dense logits: the top-k
+    divergence (tail bucket), the importance weight, the routing, the mixed target and its
+    return-to-go, the contribution filter and the flip, written out independently of the
+    methods."""
     f64 = lambda x: np.asarray(x, np.float64)
     mask = f64(batch["mask"]) > 0
-    ctx = mask & (f64(batch["teacher_row_mask"]) > 0)[:, None]
+    ctx = mask & (f64(batch.get("teacher_row_mask", np.ones(mask.shape[0]))) > 0)[:, None]
     temp = config.temperature
     teacher_net = "reference" if config.teacher == "reference" else "policy"
     ls = _np_log_softmax(f64(dense["policy", None]) / temp)
     lt = _np_log_softmax(f64(dense[teacher_net, "teacher"]) / temp)
     targets = np.asarray(batch["targets"])
     pick = lambda lp: np.take_along_axis(lp, targets[..., None], -1)[..., 0]
-    k = min(config.top_k, ls.shape[-1] - 1)
-    idx = np.argsort(-ls, axis=-1, kind="stable")[..., :k]
-
-    def tail(lp):
-        top = np.take_along_axis(lp, idx, -1)
-        rest = np.log(np.maximum(1.0 - np.exp(top).sum(-1, keepdims=True), 1e-300))
-        return np.concatenate([top, rest], -1)
-
-    s, t = np.exp(tail(ls)), np.exp(tail(lt))
-    rkl = np.sum(s * (np.log(s) - np.log(t)), -1)
     mean = lambda x, m: float(np.sum(np.where(m, x, 0.0)) / max(m.sum(), 1))
+    if hasattr(config, "top_k"):  # the student's top-k + tail (SDPO, HSD, H2SD)
+        k = min(config.top_k, ls.shape[-1] - 1)
+        idx = np.argsort(-ls, axis=-1, kind="stable")[..., :k]
+
+        def tail(lp):
+            top = np.take_along_axis(lp, idx, -1)
+            rest = np.log(np.maximum(1.0 - np.exp(top).sum(-1, keepdims=True), 1e-300))
+            return np.concatenate([top, rest], -1)
+
+        s, t = np.exp(tail(ls)), np.exp(tail(lt))
+        rkl = np.sum(s * (np.log(s) - np.log(t)), -1)
+    if name == "beta_opsd":  # D+F at step 0: the anchor is the student itself
+        w = config.w_start
+        z = (1 - w) * ls + w * lt
+        target = z - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - z.max(-1, keepdims=True)
+        rho = np.where(mask, pick(ls) - pick(target), 0.0)
+        g = np.zeros_like(rho)
+        for b in range(rho.shape[0]):
+            acc = 0.0
+            for t in reversed(range(rho.shape[1])):
+                acc = rho[b, t] + config.gamma * acc if mask[b, t] else config.gamma * acc
+                g[b, t] = acc if mask[b, t] else 0.0
+        return mean(g * pick(ls), mask)
+    if name == "cripo":  # the plain teacher is the student (teacher="self")
+        fkl = np.sum(np.exp(lt) * (lt - ls), -1)
+        keep = np.zeros_like(ctx)
+        for b in range(fkl.shape[0]):
+            idx = [t for t in sorted(range(fkl.shape[1]), key=lambda t: (-fkl[b, t], t))
+                   if ctx[b, t]]
+            total, before = sum(fkl[b, t] for t in idx), 0.0
+            for t in idx:
+                keep[b, t] = before < config.share * total
+                before += fkl[b, t]
+        loc = (pick(lt) - pick(ls) > 0) & (ls.argmax(-1) != targets)
+        a = f64(batch["advantages"])
+        adv = np.where((a < 0)[:, None] & loc, config.tau_flip, a[:, None])
+        kw = dict(eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip)
+        logp = token_logprobs(dense["policy", None] / temp, jnp.asarray(targets))
+        pg, count = numpy_surrogate(logp, batch["logp_old"], adv, batch["mask"], **kw)
+        return float(pg) / count + config.lam_inj * mean(fkl, keep)
     if name == "sdpo":
         a = config.alpha
         mix = (1 - a) * s + a * t

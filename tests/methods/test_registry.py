@@ -7,7 +7,7 @@ from hindsight.methods import REGISTRY, ROLLOUTS, get_method
 from hindsight.batch import CONTEXT_NAMES
 
 NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd", "rlsd",
-         "sdpo", "hsd", "h2sd"]
+         "sdpo", "hsd", "h2sd", "beta_opsd", "cripo"]
 
 
 def test_registry_holds_every_method():
@@ -55,6 +55,13 @@ def test_spec_defaults():
         0.1, 100, ("random_successful_peer", "reference"))
     h2sd = get_method("h2sd").config
     assert (h2sd.eps_w, h2sd.gamma, h2sd.teacher_context) == (0.2, 1.0, ("own_success|hint",))
+    beta = get_method("beta_opsd").config
+    assert (beta.w_start, beta.w_end, beta.w_steps, beta.gamma, beta.mix, beta.anchor) == (
+        0.5, 0.8, 200, 0.99, "geometric", "student")
+    assert [round(float(beta.w(k)), 4) for k in (0, 100, 199, 300)] == [0.5, 0.6508, 0.8, 0.8]
+    cripo = get_method("cripo").config
+    assert (cripo.lam_inj, cripo.share, cripo.tau_flip, cripo.teacher_context) == (
+        0.1, 0.95, 0.1, ("criteria",))
 
 
 def test_make_config_and_validation():

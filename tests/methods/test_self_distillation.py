@@ -158,3 +158,58 @@ def test_opsd_token_clip_caps_each_tokens_divergence(models, batch):
     np.testing.assert_allclose(float(d.sum), 1e-4 * float(d.count), rtol=1e-5)
     with pytest.raises(ValueError, match="token_clip"):
         opsd.make_config(token_clip=0.0)
+
+
+def test_beta_opsd_reproduces_the_spec():
+    """§5 (V = T = 3, w = 0.5, gamma = 0.99, student = reference): rho, G and L = 0.37179, the
+    arithmetic mix's log p(y), and the loss the method forms from them."""
+    import hindsight as hs
+    zs = jnp.asarray([[2.0, 0, -1], [0, 1, 0], [1, 1, 1]])
+    zt = jnp.asarray([[0.0, 2, -1], [0, 3, 0], [2, 0, 0]])
+    y = jnp.asarray([0, 1, 0])
+    ls = jax.nn.log_softmax(zs)
+    pick = lambda lp: jnp.take_along_axis(lp, y[:, None], 1)[:, 0]
+    target = hs.signals.mixture_target(ls, jax.nn.log_softmax(zt), w=0.5)  # log-probs mix as logits
+    np.testing.assert_allclose(jnp.exp(target), [[.4683, .4683, .0634], [.1065, .7870, .1065],
+                                                 [.5761, .2119, .2119]], atol=5e-5)
+    rho = pick(ls) - pick(target)
+    np.testing.assert_allclose(rho, [0.5888, -0.3119, -0.5472], atol=5e-5)
+    g = hs.signals.return_to_go(rho[None], jnp.ones((1, 3)), gamma=0.99)[0]
+    np.testing.assert_allclose(g, [-0.2563, -0.8536, -0.5472], atol=5e-5)
+    np.testing.assert_allclose(jnp.mean(g * pick(ls)), 0.37179, atol=5e-5)
+    arith = hs.signals.mixture_target(ls, jax.nn.log_softmax(zt), w=0.5, mix="arithmetic")
+    np.testing.assert_allclose(pick(arith), [-0.7361, -0.2974, -0.5795], atol=5e-5)
+
+
+def test_beta_opsd_schedule_state_and_frozen_teacher():
+    import configs.beta_opsd
+    from hindsight.train.experiment import ConfigError, resolve
+    method = get_method("beta_opsd")
+    config = method.config
+    state = method.init_state(config)
+    for _ in range(3):
+        state = method.update_state(state, {}, config)
+    assert int(state.step) == 3 and float(config.w(state.step)) == pytest.approx(0.5 + 0.3 * 3 / 199)
+    xp = configs.beta_opsd.get_config("tiny")
+    assert resolve(xp, num_devices=1, process_count=1).reference == "frozen"
+    xp.train.reference = "ema"
+    with pytest.raises(ConfigError, match="frozen initial policy"):
+        resolve(xp, num_devices=1, process_count=1)
+    with pytest.raises(ValueError, match="needs its state"):
+        method.loss_fn(None, {}, config=config)
+
+
+def test_cripo_flip_pieces_equal_the_contract_function():
+    """``localise`` + ``flip_at`` on gathered log-probs (what the method computes per position
+    through the LM head) equal ``flip_advantages`` on full logits."""
+    import hindsight as hs
+    rng = np.random.default_rng(3)
+    zc, zp = (jnp.asarray(rng.normal(size=(4, 5, 6)) * 2, jnp.float32) for _ in range(2))
+    tokens = jnp.asarray(rng.integers(0, 6, (4, 5)))
+    mask = jnp.asarray(rng.random((4, 5)) < 0.8)
+    adv = jnp.asarray([0.5, -0.7, -1.2, 0.0])
+    pick = lambda z: jnp.take_along_axis(jax.nn.log_softmax(z), tokens[..., None], -1)[..., 0]
+    loc = hs.objectives.localise(pick(zc), pick(zp), jnp.argmax(zp, -1) != tokens)
+    np.testing.assert_array_equal(
+        hs.objectives.flip_at(adv, loc, mask, tau_flip=0.1),
+        hs.objectives.flip_advantages(adv, zc, zp, tokens, mask, tau_flip=0.1))
