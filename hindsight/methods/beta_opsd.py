@@ -99,7 +99,7 @@ class BetaOPSDConfig(LossConfig):
 
 
 def loss_fn(model, batch, *, config: BetaOPSDConfig | None = None, head=None, reference=None,
-            method_state: StepState | None = None) -> Loss:
+            method_state: StepState | None = None, external_teacher=None) -> Loss:
     """β-OPSD loss: the ``distill`` term, token mean of ``sg(G_t) l_S(y_t)``.
 
     Metrics: ``w`` (this step's), ``rho`` (mean ``l_S - log p~`` at the sampled tokens, a
@@ -112,7 +112,8 @@ def loss_fn(model, batch, *, config: BetaOPSDConfig | None = None, head=None, re
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     w = config.w(method_state.step)
     sides = {"student": context_hidden(model, batch),
-             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch)}
+             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch,
+                                       external=external_teacher)}
     if config.anchor == "reference":
         sides["anchor"] = context_hidden(reference, batch, frozen=True)
 

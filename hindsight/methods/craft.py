@@ -136,7 +136,7 @@ def derive(rollout) -> dict:
 
 
 def loss_fn(model, batch, *, config: CRAFTConfig | None = None, head=None, reference=None,
-            method_state: ControllerState | None = None) -> Loss:
+            method_state: ControllerState | None = None, external_teacher=None) -> Loss:
     """CRAFT loss (needs ``reference`` for the KL term): terms ``policy``, ``distill``
     (``L_distill``: CTI or the baseline gated term; weight ``lambda``) and ``kl`` (the, possibly
     polarised, KL to the reference; weight ``mu``), all token means.
@@ -157,7 +157,8 @@ def loss_fn(model, batch, *, config: CRAFTConfig | None = None, head=None, refer
     if b % config.group_size:
         raise ValueError(f"method {NAME!r}: group_size={config.group_size} does not divide the "
                          f"batch size B={b}")
-    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
+    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch,
+                             external=external_teacher)
     rows = policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher)
     terms, metrics = surrogate_terms(rows, batch, config)
     mask, advantages = batch["mask"], batch["advantages"]

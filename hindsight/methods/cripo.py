@@ -75,7 +75,7 @@ class CriPOConfig(SurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: CriPOConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """CriPO loss: ``policy`` (the flipped advantages in GRPO's surrogate) and ``distill``
     (``lam_inj`` x the forward KL over the kept tokens).
 
@@ -88,10 +88,10 @@ def loss_fn(model, batch, *, config: CriPOConfig | None = None, head=None, refer
     require_row_advantages(NAME, batch)
     sides = {"policy": context_hidden(model, batch),
              "criterion": teacher_hidden(NAME, config.teacher, model, reference, batch,
-                                         row_masked=True)}
-    if config.teacher == "reference":  # the plain teacher: the teacher's weights, no criterion
-        sides["plain"] = context_hidden(teacher_model(NAME, config.teacher, model, reference),
-                                        batch, frozen=True)
+                                         row_masked=True, external=external_teacher)}
+    if config.teacher != "self":  # the plain teacher: the teacher's weights, no criterion
+        plain = teacher_model(NAME, config.teacher, model, reference, external_teacher)
+        sides["plain"] = context_hidden(plain, batch, frozen=True)
 
     def row(logp, tokens):
         ls, lc = logp["policy"], logp["criterion"]

@@ -65,7 +65,7 @@ class DemoPSDConfig(LossConfig):
 
 
 def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """DemoPSD loss: the ``distill`` term, token-mean of ``w * KL(S || q)``.
 
     Metrics: ``barycenter_kl`` (unweighted ``KL(S || q)``), ``alpha`` (mean blend), ``entropy``
@@ -75,7 +75,8 @@ def loss_fn(model, batch, *, config: DemoPSDConfig | None = None, head=None, ref
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     sides = {"student": context_hidden(model, batch),
-             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch)}
+             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch,
+                                       external=external_teacher)}
 
     def row(logp, tokens):
         ls = logp["student"]

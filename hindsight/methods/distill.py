@@ -137,11 +137,12 @@ class TeacherSurrogateConfig(SurrogateConfig):
 
 
 def teacher_policy_rows(name: str, model, batch, config: TeacherSurrogateConfig, *, head=None,
-                        reference=None) -> dict:
+                        reference=None, external_teacher=None) -> dict:
     """:func:`~hindsight.methods.policy_gradient.policy_rows` with the teacher context (rows
     without one allowed: the caller masks them) and ``reverse_kl [B, T]``, the top-k + tail
     ``KL(policy || teacher)`` of ``config``, from the same LM-head pass."""
-    teacher = teacher_hidden(name, config.teacher, model, reference, batch, row_masked=True)
+    teacher = teacher_hidden(name, config.teacher, model, reference, batch, row_masked=True,
+                             external=external_teacher)
     divergence = config.token_divergence
     return policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher,
                        extra=lambda logp, tokens: {

@@ -61,7 +61,7 @@ class H2SDConfig(TeacherSurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: H2SDConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """H²SD loss: ``policy`` (the routed advantages in GRPO's surrogate) and ``distill`` (the
     failure rows' reverse KL, weight ``gamma``).
 
@@ -73,7 +73,8 @@ def loss_fn(model, batch, *, config: H2SDConfig | None = None, head=None, refere
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     require_row_advantages(NAME, batch)
-    rows = teacher_policy_rows(NAME, model, batch, config, head=head, reference=reference)
+    rows = teacher_policy_rows(NAME, model, batch, config, head=head, reference=reference,
+                               external_teacher=external_teacher)
     mask = context_mask(batch, "teacher")
     success = jnp.asarray(batch["rewards"], jnp.float32) >= SUCCESS_REWARD
     advantages, rkl_weight = h2sd_advantages(batch["advantages"], rows["teacher_logp"],

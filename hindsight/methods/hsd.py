@@ -54,7 +54,7 @@ class HSDConfig(TeacherSurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: HSDConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """HSD loss: ``policy`` (GRPO) and ``distill`` (weight ``lam_hsd``, token-mean reverse KL
     over the rows with a context).
 
@@ -63,7 +63,8 @@ def loss_fn(model, batch, *, config: HSDConfig | None = None, head=None, referen
     config = resolve_config(NAME, config, HSDConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    rows = teacher_policy_rows(NAME, model, batch, config, head=head, reference=reference)
+    rows = teacher_policy_rows(NAME, model, batch, config, head=head, reference=reference,
+                               external_teacher=external_teacher)
     terms, metrics = surrogate_terms(rows, batch, config)
     mask = context_mask(batch, "teacher")
     terms["distill"] = term(rows["reverse_kl"], mask, weight=config.lam_hsd)

@@ -10,6 +10,9 @@ Loss signature, the same for every method (what :mod:`hindsight.train.step` call
     loss_fn(model, batch, *, config=None, head=None, reference=None, method_state=None)
         -> hindsight.objectives.Loss(terms={name: Term(sum, count, weight)}, metrics={...})
 
+Methods that read a teacher context also take ``external_teacher=None`` (the frozen external
+teacher model, for ``teacher="external"``; the train step passes it to the losses that accept it).
+
 ``config`` defaults to the method's defaults; ``head`` is the :class:`~hindsight.methods.LMHead`
 (backend, block size, vocabulary mask; default the fused backend); ``reference`` is the
 frozen/EMA reference model; ``method_state`` is the state of a stateful method (CRAFT's
@@ -205,21 +208,29 @@ def require_no_state(name: str, method_state) -> None:
                          f"{type(method_state).__name__}")
 
 
-TEACHERS = ("self", "reference")
-"""Whose weights run a teacher context: the trained params under ``stop_gradient`` (``"self"``), or
-the ``reference`` model (a frozen initial policy or an EMA of the params, per the train state)."""
+TEACHERS = ("self", "reference", "external")
+"""Whose weights run a teacher context: the trained params under ``stop_gradient`` (``"self"``),
+the ``reference`` model (a frozen initial policy or an EMA of the params, per the train state), or
+an ``"external"`` teacher (another checkpoint, ``teacher.model.name``, loaded beside the policy and
+frozen; the loss gets it as ``external_teacher``)."""
 
 
-def teacher_model(name: str, teacher: str, model, reference):
+def teacher_model(name: str, teacher: str, model, reference, external=None):
     """The model that runs ``name``'s teacher contexts for the config value ``teacher``."""
     if teacher == "self":
         return model
+    if teacher == "external":
+        if external is None:
+            raise ValueError(f"method {name!r} with teacher='external' needs the external teacher "
+                             f"model: pass external_teacher= (an experiment loads it from "
+                             f"teacher.model.name)")
+        return external
     require_reference(name, reference, "teacher='reference'")
     return reference
 
 
 def teacher_hidden(name: str, teacher: str, model, reference, batch, context: str = "teacher", *,
-                   row_masked: bool = False):
+                   row_masked: bool = False, external=None):
     """The frozen teacher side ``(hidden [B, T, D], unembed [D, V])``: the batch's ``context``
     run by :func:`teacher_model`'s weights under ``stop_gradient``.
 
@@ -230,8 +241,8 @@ def teacher_hidden(name: str, teacher: str, model, reference, batch, context: st
         raise ValueError(f"method {name!r} reads the {context!r} context of every row, but the "
                          f"batch carries {context_key(context, 'row_mask')!r} (rows without one); "
                          f"only methods with a `teacher_context` recipe leave such rows out")
-    return context_hidden(teacher_model(name, teacher, model, reference), batch, context,
-                          frozen=True)
+    return context_hidden(teacher_model(name, teacher, model, reference, external), batch,
+                          context, frozen=True)
 
 
 class StepState(NamedTuple):

@@ -82,7 +82,7 @@ class OPSDConfig(LossConfig):
 
 
 def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """OPSD loss: the ``distill`` term, token-mean generalized JSD(student, teacher context)
     (or the configured divergence), the metric ``jsd`` being that per-token value.
 
@@ -93,7 +93,8 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, refere
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     sides = {"student": context_hidden(model, batch),
-             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch)}
+             "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch,
+                                       external=external_teacher)}
 
     divergence = config.token_divergence
 

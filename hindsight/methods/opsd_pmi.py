@@ -76,7 +76,7 @@ class OPSDPMIConfig(LossConfig):
 
 
 def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """OPSD-PMI loss: the ``distill`` term, token-mean JSD(student, purified target).
 
     Metrics: ``entropy`` (student), ``target_shift`` (mean ``KL(q || P0)``: how far the purified
@@ -86,7 +86,7 @@ def loss_fn(model, batch, *, config: OPSDPMIConfig | None = None, head=None, ref
     require_no_state(NAME, method_state)
     require_reference(NAME, reference, "the frozen base P0 of the target")
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    teacher = teacher_model(NAME, config.teacher, model, reference)
+    teacher = teacher_model(NAME, config.teacher, model, reference, external_teacher)
     sides = {"student": context_hidden(model, batch),
              "teacher": context_hidden(teacher, batch, "teacher", frozen=True),
              "probe": context_hidden(teacher, batch, "probe", frozen=True),

@@ -81,7 +81,7 @@ class PCSDConfig(SurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: PCSDConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """PCSD loss ``L_GRPO + lam * L_pcsd``: terms ``policy`` and ``distill`` (``L_pcsd``, weight
     ``lam``), both token means.
 
@@ -92,7 +92,8 @@ def loss_fn(model, batch, *, config: PCSDConfig | None = None, head=None, refere
     config = resolve_config(NAME, config, PCSDConfig())
     require_no_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
-    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
+    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch,
+                             external=external_teacher)
     rows = policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher,
                        teacher_kl=config.loss == "rkl")
     terms, metrics = surrogate_terms(rows, batch, config)

@@ -70,7 +70,7 @@ class RLSDConfig(SurrogateConfig):
 
 
 def loss_fn(model, batch, *, config: RLSDConfig | None = None, head=None, reference=None,
-            method_state: StepState | None = None) -> Loss:
+            method_state: StepState | None = None, external_teacher=None) -> Loss:
     """The GRPO surrogate with RLSD's per-token advantages: one term, ``policy`` (token mean).
 
     Metrics: GRPO's plus ``lam`` (this step's), ``teacher_gap`` (mean ``l_T - l_S``) and
@@ -80,7 +80,8 @@ def loss_fn(model, batch, *, config: RLSDConfig | None = None, head=None, refere
     require_step_state(NAME, method_state)
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     require_row_advantages(NAME, batch)
-    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch)
+    teacher = teacher_hidden(NAME, config.teacher, model, reference, batch,
+                             external=external_teacher)
     rows = policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher)
     mask = batch["mask"]
     lam = config.lam(method_state.step)

@@ -78,7 +78,7 @@ class SDPOConfig(LossConfig):
 
 
 def loss_fn(model, batch, *, config: SDPOConfig | None = None, head=None, reference=None,
-            method_state=None) -> Loss:
+            method_state=None, external_teacher=None) -> Loss:
     """SDPO loss: the ``distill`` term, the token mean of ``w * D`` over rows with a context.
 
     Metrics: ``divergence`` (unweighted ``D``), ``entropy`` (student), ``teacher_gap`` (mean
@@ -90,7 +90,7 @@ def loss_fn(model, batch, *, config: SDPOConfig | None = None, head=None, refere
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     sides = {"student": context_hidden(model, batch),
              "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch,
-                                       row_masked=True)}
+                                       row_masked=True, external=external_teacher)}
     divergence = config.token_divergence
     mask = context_mask(batch, "teacher")
 

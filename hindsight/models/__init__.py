@@ -16,7 +16,7 @@ from hindsight.models.loading.gguf import load_gguf, load_gguf_tokenizer
 from hindsight.models.loading.hf import load_hf_folder
 from hindsight.models.partition import DEFAULT_RULES, partition_specs, shard_state, spec_for
 from hindsight.models.registry import (QWEN25_CODER_05B_SHA256, REGISTRY, IntegrityError, assemble_parts,
-                                       load, resolve)
+                                       load, load_tokenizer, resolve, tokenizer_mismatch)
 
 __all__ = [
     "KVCache", "cache_take", "init_cache",
@@ -24,5 +24,6 @@ __all__ = [
     "Block", "Decoder", "matmul",
     "WeightLoadError", "load_gguf", "load_gguf_tokenizer", "load_hf_folder",
     "DEFAULT_RULES", "partition_specs", "shard_state", "spec_for",
-    "QWEN25_CODER_05B_SHA256", "REGISTRY", "IntegrityError", "assemble_parts", "load", "resolve",
+    "QWEN25_CODER_05B_SHA256", "REGISTRY", "IntegrityError", "assemble_parts", "load",
+    "load_tokenizer", "resolve", "tokenizer_mismatch",
 ]

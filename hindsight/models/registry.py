@@ -144,6 +144,39 @@ def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh:
     return model, tok
 
 
+def load_tokenizer(name_or_path: str, *, cache_dir: str | None = None):
+    """The tokenizer of a registry name, an HF folder or a ``.gguf`` path, without the weights."""
+    path = resolve(name_or_path, cache_dir=cache_dir)
+    if os.path.isdir(path):
+        return _hf_tokenizer(path)
+    return load_gguf_tokenizer(path, cache_dir=cache_dir)
+
+
+_PROBE = "Question: 12 + 7 = ?\n\nAnswer: \\boxed{19}. Très bien — 完成 <think>ok</think>"
+
+
+def tokenizer_mismatch(a, b) -> str | None:
+    """Why tokenizers ``a`` and ``b`` do not give the same ids (None: they agree): a teacher scored
+    on the student's token ids must read them as the same text. Compared: the vocabulary (id ->
+    piece, when both expose ``get_vocab``), the end-of-sequence id, the ids of a probe text and of
+    a chat turn rendered by ``a``'s template."""
+    va = a.get_vocab() if hasattr(a, "get_vocab") else None
+    vb = b.get_vocab() if hasattr(b, "get_vocab") else None
+    if (va is None) != (vb is None):
+        return "one tokenizer exposes a vocabulary and the other does not"
+    if va is not None and va != vb:
+        only = sorted(set(va.items()) ^ set(vb.items()))[:3]
+        return (f"the vocabularies differ ({len(va)} vs {len(vb)} entries; e.g. "
+                f"{[piece for piece, _ in only]})")
+    if getattr(a, "eos_token_id", None) != getattr(b, "eos_token_id", None):
+        return (f"the end-of-sequence ids differ ({getattr(a, 'eos_token_id', None)} vs "
+                f"{getattr(b, 'eos_token_id', None)})")
+    if list(a.encode(_PROBE, add_special_tokens=False)) != list(
+            b.encode(_PROBE, add_special_tokens=False)):
+        return "the same text encodes to different ids"
+    return None
+
+
 def _hf_tokenizer(folder: str):
     from transformers import AutoTokenizer
 

@@ -13,6 +13,7 @@ or compiled::
                       derived from the rollout section after the command line is applied; the
                       resolved values are what ``config.json`` shows
     model.*           embedded model name or path, dtype, layer scan, remat
+    teacher.model.*   an external teacher beside the policy (methods with teacher="external")
     task.*            task registry name and its constructor options
     rollout.*         prompts per step, group size, sampling parameters, engine slots
     train.*           rollouts, PPO epochs and mini-batches, micro-batches, LM-head backend,
@@ -66,6 +67,26 @@ class ModelSection:
 
     def __post_init__(self):
         check_choice("model.dtype", self.dtype, DTYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherModelSection:
+    """An external teacher (``teacher.model``): ``name`` as :class:`ModelSection`'s (None: no
+    external teacher; ``"tiny-random"`` is a second random tiny decoder, another seed than the
+    policy's, for tests), ``dtype`` its activation dtype. It is loaded beside the policy, sharded
+    by the same rules, frozen, and read by methods whose ``method_config.teacher`` is
+    ``"external"``; its tokenizer must give the policy's ids (checked before anything compiles)."""
+    name: str | None = None
+    dtype: str = "float32"
+    scan_layers: bool = True
+
+    def __post_init__(self):
+        check_choice("teacher.model.dtype", self.dtype, DTYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSection:
+    model: TeacherModelSection = TeacherModelSection()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +226,7 @@ class ExperimentConfig:
     method: str = "grpo"
     method_config: dict = dataclasses.field(default_factory=dict)
     model: ModelSection = ModelSection()
+    teacher: TeacherSection = TeacherSection()
     task: TaskSection = TaskSection()
     rollout: RolloutSection = RolloutSection()
     train: TrainSection = TrainSection()
@@ -336,6 +358,14 @@ def _resolve(config, num_devices, process_count) -> Experiment:
     if needs and reference is None:
         raise ValueError(f"method {exp.method!r} with this method_config needs a reference model; "
                          f"train.reference={t.reference!r} keeps none")
+    external = getattr(method.config, "teacher", None) == "external"
+    if external and exp.teacher.model.name is None:
+        raise ValueError(f"method_config.teacher='external' needs an external teacher: set "
+                         f"teacher.model.name")
+    if exp.teacher.model.name is not None and not external:
+        raise ValueError(f"teacher.model.name={exp.teacher.model.name!r} is set but method "
+                         f"{exp.method!r} does not read it (method_config.teacher="
+                         f"{getattr(method.config, 'teacher', None)!r}; 'external' reads it)")
     if method.config.needs_frozen_reference and reference != "frozen":
         raise ValueError(f"method {exp.method!r} reads the reference as the frozen initial policy; "
                          f"train.reference={t.reference!r} would move it (use 'frozen' or 'auto')")

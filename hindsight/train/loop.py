@@ -54,6 +54,7 @@ import numpy as np
 
 from hindsight.methods import LMHead
 from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
+from hindsight.models.registry import tokenizer_mismatch
 from hindsight.rollout.collect import check_contexts, episode_mismatch
 from hindsight.rollout.episodes import env_pool, play
 from hindsight.rollout.runtime import with_eos
@@ -82,6 +83,48 @@ def load_policy(section, mesh):
     from hindsight.models import load
     return load(section.name, dtype=jnp.dtype(section.dtype), mesh=mesh,
                 scan_layers=section.scan_layers, remat=section.remat)
+
+
+def _tokenizer_of(name: str):
+    if name == TINY_MODEL:
+        from hindsight.testing import CharTokenizer
+        return CharTokenizer()
+    from hindsight.models import load_tokenizer
+    return load_tokenizer(name)
+
+
+def check_teacher_tokenizer(exp) -> None:
+    """Raise ConfigError if the external teacher (``teacher.model.name``) does not give the
+    policy's token ids: it scores the policy's tokens, so both must read them as the same text.
+    Only the tokenizers are loaded (no weights, nothing compiled)."""
+    name = exp.teacher.model.name
+    if name is None:
+        return
+    reason = tokenizer_mismatch(_tokenizer_of(exp.model.name), _tokenizer_of(name))
+    if reason:
+        raise ConfigError(f"teacher.model.name={name!r} does not share the tokenizer of "
+                          f"model.name={exp.model.name!r}: {reason}; an external teacher must "
+                          f"score the policy's own token ids")
+
+
+def load_teacher(section, mesh, vocab_size: int):
+    """The external teacher of ``teacher.model`` (None without one; its tokenizer was checked
+    at pre-flight): frozen, sharded on ``mesh`` by the policy's rules. ``"tiny-random"`` is a
+    second tiny random decoder (seed 1; the policy's is seed 0)."""
+    if section.name is None:
+        return None
+    if section.name == TINY_MODEL:
+        from hindsight.testing import char_model
+        teacher = char_model(1)
+    else:
+        from hindsight.models import load
+        teacher, _ = load(section.name, dtype=jnp.dtype(section.dtype), mesh=mesh,
+                          scan_layers=section.scan_layers, remat=False, tokenizer=False)
+    if teacher.config.vocab_size != vocab_size:
+        raise ConfigError(f"teacher.model.name={section.name!r} has {teacher.config.vocab_size} "
+                          f"logits, the policy {vocab_size}: the LM head projects both sides onto "
+                          f"one vocabulary")
+    return teacher
 
 
 def train_examples(task, *, seed: int, step: int, count: int):
@@ -208,6 +251,7 @@ def preflight(xp: Experiment):
         task = get_task(exp.task.name, **exp.task.options)
         sampling = sampling_params(exp)
         sampling_params(exp, temperature=exp.eval.temperature)
+        check_teacher_tokenizer(exp)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{e.args[0] if e.args else e}") from e
     try:
@@ -380,6 +424,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     state, shardings, model_def = _train_state(xp, model, tx, mesh)
     head = LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size,
                   vocab_mask=vocab_mask(tokenizer, model.config.vocab_size))
+    teacher = load_teacher(exp.teacher.model, mesh, model.config.vocab_size)
     del model  # the state owns the params now; the policy is re-merged from it each step
     step_fn = make_train_step(
         method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
@@ -387,7 +432,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                           group_size=method.group_size if method.couples_rows else None,
                           reference=xp.reference, ema_decay=t.ema_decay),
         schedule=make_schedule(t.optim), max_grad_norm=t.optim.max_grad_norm,
-        loss_kwargs={"config": method.config}, head=head)
+        loss_kwargs={"config": method.config}, head=head, external_teacher=teacher)
     update_method = (None if method.update_state is None else
                      jax.jit(lambda s, m: s.replace(method_state=method.update(s.method_state, m)),
                              donate_argnums=(0,)))

@@ -44,11 +44,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hindsight.objectives import objective, term_metrics
 from hindsight.train.mesh import BATCH_AXES, replicated
-from hindsight.train.state import REFERENCES, ModelDef, TrainState
+from hindsight.train.state import REFERENCES, ModelDef, TrainState, split_model
 
 LossFn = Callable[..., object]
 
@@ -186,7 +187,7 @@ class TrainStep:
                  optimizer: optax.GradientTransformation, mesh: Mesh, shardings: TrainState,
                  config: StepConfig, schedule: optax.Schedule | None = None,
                  max_grad_norm: float | None = None, loss_kwargs: dict | None = None,
-                 head=None):
+                 head=None, external_teacher: nnx.Module | None = None):
         config.check(mesh)
         if (shardings.reference is None) != (config.reference is None):
             raise ValueError(f"step.reference={config.reference!r} does not match the train state, "
@@ -202,10 +203,20 @@ class TrainStep:
                                        jax.process_count())
         rep = replicated(mesh)
         micro = NamedSharding(mesh, P(None, BATCH_AXES))
+        # The external teacher is an input of the gradient pass (never a constant of the program,
+        # never part of the state): its params keep the shardings they were loaded with, a model
+        # loaded off the mesh is replicated on it.
+        self._teacher_def, self._teacher_params, teacher_sh = None, None, None
+        if external_teacher is not None:
+            self._teacher_def, params = split_model(external_teacher)
+            teacher_sh = jax.tree.map(
+                lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
+                and x.sharding.mesh == mesh else rep, params)
+            self._teacher_params = jax.device_put(params, teacher_sh)
         # Two programs: the gradient pass (also serving :meth:`grads`, compiled once) and the
         # update, which donates the old state.
         self._jitted_grads = jax.jit(
-            self._accumulate, in_shardings=(shardings, rep, micro),
+            self._accumulate, in_shardings=(shardings, rep, micro, teacher_sh),
             out_shardings=(shardings.params, rep, rep))
         self._jitted_apply = jax.jit(
             self._apply, in_shardings=(shardings, shardings.params, rep, rep),
@@ -214,9 +225,11 @@ class TrainStep:
     def _wants(self, name: str) -> bool:
         return self._accepts is None or name in self._accepts
 
-    def _loss(self, params, batch, rng, state: TrainState, rest, counts=None):
+    def _loss(self, params, batch, rng, state: TrainState, rest, teacher, counts=None):
         md = ModelDef(self._model_def.graphdef, rest)
         kwargs = dict(self._loss_kwargs)
+        if teacher is not None and self._wants("external_teacher"):
+            kwargs["external_teacher"] = self._teacher_def.merge(jax.lax.stop_gradient(teacher))
         if counts is not None and self._wants("counts"):
             kwargs["counts"] = counts
         if self._head is not None and self._wants("head"):
@@ -229,7 +242,7 @@ class TrainStep:
             kwargs["method_state"] = state.method_state
         return self._loss_fn(md.merge(params), batch, **kwargs)
 
-    def _accumulate(self, state: TrainState, rest, micro):
+    def _accumulate(self, state: TrainState, rest, micro, teacher):
         """Counts, then gradients of the weighted term sums over the micro-batches.
 
         Returns ``(grads, metrics, next_rng)``: ``grads`` float32-accumulated then cast to the
@@ -246,7 +259,7 @@ class TrainStep:
             x, NamedSharding(self.mesh, P(None, BATCH_AXES))), (micro, keys))
 
         def counts_of(mb, k):
-            terms = self._loss(state.params, mb, k, state, rest).terms
+            terms = self._loss(state.params, mb, k, state, rest, teacher).terms
             return {name: jnp.asarray(t.count, jnp.float32) for name, t in terms.items()}
 
         if cfg.num_microbatches == 1:
@@ -258,7 +271,7 @@ class TrainStep:
                                      (micro, keys))
 
         def micro_objective(params, mb, k):
-            loss = self._loss(params, mb, k, state, rest, counts)
+            loss = self._loss(params, mb, k, state, rest, teacher, counts)
             # a loss told the counts may form its objective itself (inside the LM head)
             value = objective(loss.terms, counts) if loss.objective is None else loss.objective
             sums = {name: jnp.asarray(t.sum, jnp.float32) for name, t in loss.terms.items()}
@@ -339,19 +352,22 @@ class TrainStep:
         return shard_batch(batch, self.mesh, num_microbatches=self.config.num_microbatches)
 
     def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-        grads, metrics, rng = self._jitted_grads(state, self._model_def.rest, self.place(batch))
+        grads, metrics, rng = self._jitted_grads(state, self._model_def.rest, self.place(batch),
+                                                 self._teacher_params)
         return self._jitted_apply(state, grads, metrics, rng)
 
     def grads(self, state: TrainState, batch) -> tuple:
         """``(grads, metrics)`` of the step's loss at ``state`` without updating (not donated):
         the exact full-batch gradient the optimizer would see, before clipping."""
-        grads, metrics, _ = self._jitted_grads(state, self._model_def.rest, self.place(batch))
+        grads, metrics, _ = self._jitted_grads(state, self._model_def.rest, self.place(batch),
+                                               self._teacher_params)
         return grads, metrics
 
     def lower(self, state: TrainState, batch):
         """``jax.jit(...).lower`` of the gradient pass (the step's memory peak), e.g. for
         ``.compile().memory_analysis()``."""
-        return self._jitted_grads.lower(state, self._model_def.rest, self.place(batch))
+        return self._jitted_grads.lower(state, self._model_def.rest, self.place(batch),
+                                        self._teacher_params)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +382,8 @@ def make_train_step(loss_fn: LossFn, *, model_def: ModelDef,
                     optimizer: optax.GradientTransformation, mesh: Mesh, shardings: TrainState,
                     config: StepConfig,
                     schedule: optax.Schedule | None = None, max_grad_norm: float | None = None,
-                    loss_kwargs: dict | None = None, head=None) -> TrainStep:
+                    loss_kwargs: dict | None = None, head=None,
+                    external_teacher: nnx.Module | None = None) -> TrainStep:
     """Build the sharded train step (validates ``config`` against ``mesh`` before compiling).
 
     Args:
@@ -380,7 +397,10 @@ def make_train_step(loss_fn: LossFn, *, model_def: ModelDef,
       loss_kwargs: static keyword arguments for ``loss_fn`` (hyperparameters).
       head: the :class:`~hindsight.methods.LMHead` passed to ``loss_fn`` as ``head`` (None: the
         loss's default).
+      external_teacher: a frozen model passed to ``loss_fn`` as ``external_teacher`` (methods
+        with ``teacher="external"``); its params are an input of the compiled step.
     """
     return TrainStep(loss_fn, model_def=model_def, optimizer=optimizer, mesh=mesh,
                      shardings=shardings, config=config, schedule=schedule,
-                     max_grad_norm=max_grad_norm, loss_kwargs=loss_kwargs, head=head)
+                     max_grad_norm=max_grad_norm, loss_kwargs=loss_kwargs, head=head,
+                     external_teacher=external_teacher)
