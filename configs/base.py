@@ -194,6 +194,9 @@ def apply_variant(config: ml_collections.ConfigDict,
             config.method_config.update(counts=(2, 1))
             config.rollout.update(reflection_max_tokens=32, hindsight_reflection_tokens=32,
                                   feedback_max_tokens=64)
+            # 16 episodes of up to 1,536 tokens: one update over all of them held 16 GB on the
+            # 24 GB machine (float32 [B, K, G, S, S] attention scores), so 4 rows at a time
+            config.train.num_microbatches = 4
     elif variant in ("smollm2-math", "qwen0.5b-math", "qwen0.5b-humaneval"):
         _real_task(config, variant, hdl=hdl)
     elif variant.startswith("smollm2-"):
