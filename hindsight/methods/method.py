@@ -37,7 +37,7 @@ from hindsight._validation import check_static_float
 from hindsight.batch import context_key
 from hindsight.methods.forward import context_hidden
 
-ROLLOUTS = ("group", "dynamic", "hdl_tree")
+ROLLOUTS = ("group", "dynamic", "hdl_tree", "completions")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,8 @@ class RolloutShape:
     temperature: float = 1.0
 """``group``: G independent samples per prompt; ``dynamic``: DAPO dynamic sampling (groups with
 identical rewards dropped, sampling continues until the batch is full); ``hdl_tree``: HDL's
-2 roots x (1 + 4 + 3) continuations per prompt."""
+2 roots x (1 + 4 + 3) continuations per prompt; ``completions``: each example's own completion,
+nothing sampled (supervised fine-tuning)."""
 
 
 @dataclasses.dataclass(frozen=True)

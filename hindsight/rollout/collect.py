@@ -6,7 +6,7 @@
 
 ``method`` is a configured :class:`~hindsight.methods.Method` (:meth:`~hindsight.methods.Method.configure`:
 its config, its rollout shape and group size). Dispatches on the method's ``rollout``
-(``"group"``, ``"dynamic"``, ``"hdl_tree"``), applies its reward shaping and builds the extra
+(``"group"``, ``"dynamic"``, ``"hdl_tree"``, ``"completions"``), applies its reward shaping and builds the extra
 contexts its ``contexts`` name. Everything is checked before anything is compiled.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hindsight.methods import Method
 from hindsight.methods.method import check_temperature
 from hindsight.objectives import group_advantages
 from hindsight.rollout.assemble import GroupRows, assemble
+from hindsight.rollout.completions import given_completions
 from hindsight.rollout.branching import tree_advantages
 from hindsight.rollout.contexts import (REFERENCE_RECIPE, GroupView, always_available,
                                         needs_answer, parse_recipe, teacher_contexts)
@@ -36,7 +37,7 @@ from hindsight.rollout.verification import Verifier
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import EpisodeTask
 
-SHAPES = ("group", "dynamic", "hdl_tree")
+SHAPES = ("group", "dynamic", "hdl_tree", "completions")
 EPISODE_SHAPES = ("group", "hdl_tree")  # the shapes an episode task can be played in
 
 
@@ -95,6 +96,7 @@ class RolloutStats:
       sample_texts, reflections: a few decoded responses / reflections.
       turns_per_episode: episodes, mean actions per episode; episode_statuses: how many episodes
         ended each way (:data:`hindsight.rollout.episodes.STATUSES`).
+      truncated: ``completions``, given completions cut to the response width.
       engines: per engine (``main``; HDL adds ``reflection``): ``occupancy`` (fraction of slot-steps
         that decoded an active row), ``steps``, ``chunks``, ``prefills``, ``moves``, and host /
         device seconds (``refill_s``, ``decode_s``, ``harvest_s``).
@@ -127,6 +129,7 @@ class RolloutStats:
     verify_worker_seconds: float = 0.0
     turns_per_episode: float | None = None
     episode_statuses: dict = dataclasses.field(default_factory=dict)
+    truncated: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -166,6 +169,9 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=
     error = episode_mismatch(method, task)
     if error:
         raise ValueError(error)
+    if method.rollout == "completions" and method.group_size != 1:
+        raise ValueError(f"method {method.name!r} trains on the examples' own completions, one "
+                         f"row each: rollout.group_size must be 1, got {method.group_size}")
     if method.rollout == "dynamic":
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"dynamic sampling needs `num_groups` (mixed groups wanted), a "
@@ -354,6 +360,10 @@ def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, k
     common = dict(key=key, params=params, slots=rollout.slots, chunk_steps=rollout.chunk_steps,
                   clock=clock)
     extra = {}
+    if method.rollout == "completions":
+        groups, extra["truncated"] = given_completions(model, tokenizer, verifier, examples,
+                                                       params=params, clock=clock)
+        return groups, np.concatenate([grp.rewards for grp in groups]), None, extra
     if method.rollout == "hdl_tree":
         groups, infos = sample_trees(model, tokenizer, verifier, examples, config=config,
                                      options=rollout.tree, **common)

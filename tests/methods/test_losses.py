@@ -35,6 +35,7 @@ CASES = {name: dict(**options) for name, options in {
     "h2sd": dict(top_k=10, gamma=0.7),
     "beta_opsd": dict(w_start=0.6, gamma=0.9),
     "cripo": dict(tau_flip=0.3, lam_inj=0.5),
+    "sft": dict(temperature=0.8),
 }.items()}
 ROW_MASKED = ("sdpo", "hsd", "h2sd", "cripo")  # read ``teacher_row_mask``: their batch lacks row 3's context
 
@@ -170,6 +171,9 @@ def _dense_sum(name, config, dense, batch, state, vocab_mask=None):
                                - np.asarray(batch["logp_old"], np.float64), -20, 20))
         w = np.minimum(ratio, config.is_clip)
         return np.sum(np.where(np.asarray(mask) > 0, w * np.asarray(kl, np.float64), 0.0)), tokens
+    if name == "sft":  # cross-entropy of the targets at the loss temperature
+        nll = -np.asarray(token_logprobs(logits / config.temperature, targets), np.float64)
+        return np.sum(np.where(np.asarray(mask) > 0, nll, 0.0)), float(np.sum(np.asarray(mask) > 0))
     # GRPO family: the surrogate in float64 NumPy on the dense log-probs.
     logits = logits / config.temperature
     logp = token_logprobs(logits, targets)
