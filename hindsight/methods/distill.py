@@ -10,13 +10,14 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice, check_static_float
-from hindsight.methods.forward import gather
+from hindsight.methods.forward import distill_term, gather, vocab_rows
 from hindsight.methods.method import TEACHERS, teacher_hidden
 from hindsight.methods.policy_gradient import SurrogateConfig, policy_rows
 from hindsight.objectives import aggregate, term
 from hindsight.objectives.aggregation import as_mask
 from hindsight.objectives.kl_estimators import LOG_RATIO_CLIP
-from hindsight.ops import generalized_jsd_from_logprobs, topk_divergence_from_logprobs
+from hindsight.ops import (entropy_from_logprobs, generalized_jsd_from_logprobs,
+                          topk_divergence_from_logprobs)
 
 DIVERGENCES = ("topk", "full", "sampled")
 """``topk``: generalized JSD over the student's top-k ids (+ tail bucket, SDPO's default);
@@ -147,3 +148,23 @@ def teacher_policy_rows(name: str, model, batch, config: TeacherSurrogateConfig,
     return policy_rows(model, batch, config, head=head, reference=reference, teacher=teacher,
                        extra=lambda logp, tokens: {
                            "reverse_kl": divergence(logp["policy"], logp["teacher"], tokens)})
+
+
+def divergence_loss(sides, batch, divergence: TokenDivergence, *, head=None,
+                    temperature: float = 1.0, token_clip: float | None = None):
+    """``(terms, metrics)`` of a distillation-only loss over ``sides["student"]`` and
+    ``sides["teacher"]``: the token-mean ``distill`` term of ``divergence`` per position (capped
+    at ``token_clip`` when set; metric ``jsd``), and the metrics ``entropy`` (student) and
+    ``teacher_gap`` (mean ``l_T - l_S`` at the row's tokens). OPSD's and GKD's loss."""
+    def row(logp, tokens):
+        ls, lt = logp["student"], logp["teacher"]
+        sg = jax.lax.stop_gradient
+        d = divergence(ls, lt, tokens)
+        if token_clip is not None:
+            d = jnp.minimum(d, token_clip)
+        return {"jsd": d, "entropy": sg(entropy_from_logprobs(ls)),
+                "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
+
+    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
+                      temperature=temperature)
+    return distill_term(rows, batch["mask"], loss="jsd")

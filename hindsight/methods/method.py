@@ -37,7 +37,7 @@ from hindsight._validation import check_static_float
 from hindsight.batch import context_key
 from hindsight.methods.forward import context_hidden
 
-ROLLOUTS = ("group", "dynamic", "hdl_tree", "completions")
+ROLLOUTS = ("group", "dynamic", "hdl_tree", "completions", "gkd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,8 @@ class RolloutShape:
 """``group``: G independent samples per prompt; ``dynamic``: DAPO dynamic sampling (groups with
 identical rewards dropped, sampling continues until the batch is full); ``hdl_tree``: HDL's
 2 roots x (1 + 4 + 3) continuations per prompt; ``completions``: each example's own completion,
-nothing sampled (supervised fine-tuning)."""
+nothing sampled (supervised fine-tuning); ``gkd``: one row per prompt, the student's sample with
+probability ``lmbda``, else the example's completion or the teacher's sample (TRL's GKD)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,17 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
-
 from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
-from hindsight.methods.distill import TokenDivergence
-from hindsight.methods.forward import context_hidden, distill_term, gather, vocab_rows
+from hindsight.methods.distill import TokenDivergence, divergence_loss
+from hindsight.methods.forward import context_hidden
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_hidden)
 from hindsight.objectives import Loss
-from hindsight.ops import entropy_from_logprobs
 
 NAME = "opsd"
 CONTEXTS = ("teacher",)
@@ -96,21 +92,8 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, refere
              "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch,
                                        external=external_teacher)}
 
-    divergence = config.token_divergence
-
-    def row(logp, tokens):
-        ls, lt = logp["student"], logp["teacher"]
-        sg = jax.lax.stop_gradient
-        d = divergence(ls, lt, tokens)
-        if config.token_clip is not None:
-            d = jnp.minimum(d, config.token_clip)
-        return {"jsd": d, "entropy": sg(entropy_from_logprobs(ls)),
-                "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
-
-    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
-                      temperature=config.temperature)
-    return Loss(*distill_term(rows, batch["mask"], loss="jsd"))
-
+    return Loss(*divergence_loss(sides, batch, config.token_divergence, head=head,
+                                 temperature=config.temperature, token_clip=config.token_clip))
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=OPSDConfig(), contexts=CONTEXTS,
                 rollout=ROLLOUT, fields=FIELDS,

@@ -6,7 +6,7 @@
 
 ``method`` is a configured :class:`~hindsight.methods.Method` (:meth:`~hindsight.methods.Method.configure`:
 its config, its rollout shape and group size). Dispatches on the method's ``rollout``
-(``"group"``, ``"dynamic"``, ``"hdl_tree"``, ``"completions"``), applies its reward shaping and builds the extra
+(``"group"``, ``"dynamic"``, ``"hdl_tree"``, ``"completions"``, ``"gkd"``), applies its reward shaping and builds the extra
 contexts its ``contexts`` name. Everything is checked before anything is compiled.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from hindsight.rollout.verification import Verifier
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import EpisodeTask
 
-SHAPES = ("group", "dynamic", "hdl_tree", "completions")
+SHAPES = ("group", "dynamic", "hdl_tree", "completions", "gkd")
 EPISODE_SHAPES = ("group", "hdl_tree")  # the shapes an episode task can be played in
 
 
@@ -97,6 +97,8 @@ class RolloutStats:
       turns_per_episode: episodes, mean actions per episode; episode_statuses: how many episodes
         ended each way (:data:`hindsight.rollout.episodes.STATUSES`).
       truncated: ``completions``, given completions cut to the response width.
+      source: ``gkd``, where the step's rows came from: ``"on_policy"``, ``"dataset"`` or
+        ``"teacher"``.
       engines: per engine (``main``; HDL adds ``reflection``): ``occupancy`` (fraction of slot-steps
         that decoded an active row), ``steps``, ``chunks``, ``prefills``, ``moves``, and host /
         device seconds (``refill_s``, ``decode_s``, ``harvest_s``).
@@ -130,6 +132,7 @@ class RolloutStats:
     turns_per_episode: float | None = None
     episode_statuses: dict = dataclasses.field(default_factory=dict)
     truncated: int = 0
+    source: str | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -169,9 +172,10 @@ def _check(method: Method, examples, sampling: SamplingParams, num_groups, task=
     error = episode_mismatch(method, task)
     if error:
         raise ValueError(error)
-    if method.rollout == "completions" and method.group_size != 1:
-        raise ValueError(f"method {method.name!r} trains on the examples' own completions, one "
-                         f"row each: rollout.group_size must be 1, got {method.group_size}")
+    if method.rollout in ("completions", "gkd") and method.group_size != 1:
+        raise ValueError(f"method {method.name!r} trains on one row per example (rollout "
+                         f"{method.rollout!r}): rollout.group_size must be 1, got "
+                         f"{method.group_size}")
     if method.rollout == "dynamic":
         if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 1:
             raise ValueError(f"dynamic sampling needs `num_groups` (mixed groups wanted), a "
@@ -248,7 +252,8 @@ def _engine_stats(clock: PhaseClock) -> dict:
 
 def collect(method: Method, model, tokenizer, task, examples, *, key,
             sampling: SamplingParams, rollout: RolloutConfig = RolloutConfig(),
-            num_groups: int | None = None, pool=None) -> tuple[dict, RolloutStats]:
+            num_groups: int | None = None, pool=None,
+            teacher_model=None) -> tuple[dict, RolloutStats]:
     """Sample, verify and assemble one training batch for ``method``.
 
     Args:
@@ -265,6 +270,7 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
       num_groups: ``P`` for ``dynamic`` (required); for the others None or ``len(examples)``.
       pool: an episode task's environments (:class:`hindsight.envs.EnvPool`, kept across calls
         by a training run); None: a pool of one worker per row for this call.
+      teacher_model: the external teacher, which samples GKD's ``seq_kd`` rows.
     Returns:
       ``(batch, stats)``: the batch of :mod:`hindsight.batch` (host numpy arrays, ``B = P
       * G`` rows, groups contiguous) with ``logp_old``, ``advantages`` and ``rewards`` (DAPO: shaped
@@ -288,7 +294,7 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
             groups, rewards, advantages, extra = _sample(method, model, tokenizer, verifier,
                                                          examples, key=key, params=params,
                                                          rollout=rollout, num_groups=num_groups,
-                                                         clock=clock)
+                                                         clock=clock, teacher_model=teacher_model)
     lengths = np.concatenate([grp.lengths for grp in groups])
     train_rewards = rewards
     if method.shape_rewards is not None:
@@ -313,6 +319,9 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
 def _seed(key) -> int:
     """A host seed for the contexts' random choices, drawn from the rollout's key."""
     return int(jax.random.randint(jax.random.fold_in(key, 0x7E), (), 0, 2**31 - 1))
+
+
+_GKD_STREAM = 0x6BD  # fold_in index of GKD's on/off-policy draw (apart from the samples' keys)
 
 
 class _NoVerifier:
@@ -353,13 +362,30 @@ def _tree_extras(tokenizer, groups, infos, rollout: RolloutConfig) -> dict:
 
 
 def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, key,
-            params: SamplingParams, rollout: RolloutConfig, num_groups, clock: PhaseClock):
+            params: SamplingParams, rollout: RolloutConfig, num_groups, clock: PhaseClock,
+            teacher_model=None):
     """The method's rollout shape: ``(groups, verifier rewards [B], advantages [B] | None
     (group advantages of the shaped rewards, computed by the caller), stats extras)``."""
     config, g = method.config, method.group_size
     common = dict(key=key, params=params, slots=rollout.slots, chunk_steps=rollout.chunk_steps,
                   clock=clock)
     extra = {}
+    if method.rollout == "gkd":
+        # TRL's GKD: with probability lmbda the student's own samples, else the dataset's
+        # completions, or (seq_kd) the teacher's samples; one row per prompt
+        on_policy = float(jax.random.uniform(jax.random.fold_in(key, _GKD_STREAM))) < config.lmbda
+        extra["source"] = "on_policy" if on_policy else "teacher" if config.seq_kd else "dataset"
+        if extra["source"] == "dataset":
+            groups, extra["truncated"] = given_completions(model, tokenizer, verifier, examples,
+                                                           params=params, clock=clock)
+        else:
+            if extra["source"] == "teacher" and teacher_model is None:
+                raise ValueError(f"method {method.name!r} with seq_kd=True samples from the "
+                                 f"teacher: pass teacher_model= (an experiment's external "
+                                 f"teacher)")
+            sampler = model if on_policy else teacher_model
+            groups = sample_groups(sampler, tokenizer, verifier, examples, group_size=1, **common)
+        return groups, np.concatenate([grp.rewards for grp in groups]), None, extra
     if method.rollout == "completions":
         groups, extra["truncated"] = given_completions(model, tokenizer, verifier, examples,
                                                        params=params, clock=clock)

@@ -191,7 +191,7 @@ def vocab_mask(tokenizer, vocab_size: int):
 
 
 def rollout_step(xp: Experiment, model, tokenizer, task, sampling: SamplingParams, *, step: int,
-                 pool=None):
+                 pool=None, teacher=None):
     """``(batch, stats)`` of the rollout of training step ``step`` (0-based): the step's prompts
     (:func:`train_examples`), sampled, verified and assembled by
     :func:`hindsight.rollout.collect` with the run's key ``fold_in(key(seed), step)``; an episode
@@ -203,7 +203,7 @@ def rollout_step(xp: Experiment, model, tokenizer, task, sampling: SamplingParam
     return collect(xp.method, model, tokenizer, task, examples,
                    key=jax.random.fold_in(jax.random.key(exp.seed), step), sampling=sampling,
                    rollout=rollout_config(xp), num_groups=exp.rollout.prompts_per_step,
-                   pool=pool)
+                   pool=pool, teacher_model=teacher)
 
 
 def episode_pool(xp: Experiment, task):
@@ -345,6 +345,8 @@ def _rollout_metrics(stats) -> dict:
            "rollout_seconds": stats.seconds["total"], "verifier_errors": stats.verifier_errors,
            "verify_wait_seconds": stats.seconds.get("verify_wait", 0.0),
            "verify_worker_seconds": stats.verify_worker_seconds}
+    if stats.source is not None:
+        out["on_policy"] = float(stats.source == "on_policy")
     if stats.turns_per_episode is not None:
         out.update(turns_per_episode=stats.turns_per_episode,
                    env_wait_seconds=stats.seconds.get("env_wait", 0.0),
@@ -483,7 +485,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                 break
             t0 = time.perf_counter()
             batch, stats = rollout_step(xp, policy(), tokenizer, task, sampling, step=step,
-                                        pool=pool)
+                                        pool=pool, teacher=teacher)
             if stop.stop:
                 break  # the rollout is discarded; the state is still that of `step`
             t1 = time.perf_counter()

@@ -36,6 +36,7 @@ CASES = {name: dict(**options) for name, options in {
     "beta_opsd": dict(w_start=0.6, gamma=0.9),
     "cripo": dict(tau_flip=0.3, lam_inj=0.5),
     "sft": dict(temperature=0.8),
+    "gkd": dict(teacher="reference", beta=0.3),  # the external teacher is tested in tests/train
 }.items()}
 ROW_MASKED = ("sdpo", "hsd", "h2sd", "cripo")  # read ``teacher_row_mask``: their batch lacks row 3's context
 
@@ -48,7 +49,7 @@ def case_batch(name, batch):
     keep[3] = 0.0
     return dict(batch, teacher_row_mask=keep)
 
-VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "sdpo", "hsd", "h2sd", "beta_opsd", "cripo")
+VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "gkd", "sdpo", "hsd", "h2sd", "beta_opsd", "cripo")
 
 
 def dense_reference(name, config, dense, batch, state, vocab_mask=None):
@@ -149,12 +150,15 @@ def _dense_sum(name, config, dense, batch, state, vocab_mask=None):
     targets, mask = jnp.asarray(batch["targets"]), jnp.asarray(batch["mask"])
     logits = dense["policy", None]
     teacher_net = "reference" if getattr(config, "teacher", "self") == "reference" else "policy"
-    if name in ("opsd", "opsd_pmi", "demopsd"):
+    if name in ("opsd", "opsd_pmi", "demopsd", "gkd"):
         teacher = dense[teacher_net, "teacher"]
         tokens = float(np.sum(np.asarray(mask) > 0))
         if name == "opsd":
             return distillation_loss(logits, teacher, mask, divergence="jsd", beta=config.beta,
                                      temperature=config.temperature)[0], tokens
+        if name == "gkd":  # the teacher reads the student's own context
+            return distillation_loss(logits, dense[teacher_net, None], mask, divergence="jsd",
+                                     beta=config.beta, temperature=config.temperature)[0], tokens
         if name == "opsd_pmi":  # the target at target_temperature, the student at its own
             if config.temperature == config.target_temperature:
                 return pmi_loss(teacher, dense[teacher_net, "probe"], dense["reference", None],

@@ -7,7 +7,7 @@ from hindsight.methods import REGISTRY, ROLLOUTS, get_method
 from hindsight.batch import CONTEXT_NAMES
 
 NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd", "rlsd",
-         "sdpo", "hsd", "h2sd", "beta_opsd", "cripo", "sft"]
+         "sdpo", "hsd", "h2sd", "beta_opsd", "cripo", "sft", "gkd"]
 
 
 def test_registry_holds_every_method():
