@@ -59,11 +59,15 @@ class ModelSection:
     """``name``: a registry name (``hindsight.models.load``), an HF folder, a ``.gguf`` path, or
     ``"tiny-random"`` (a 2-layer random decoder over a 128-id character tokenizer, for tests).
     ``dtype``: activation dtype (parameters stay float32). ``remat``: rematerialise each layer in
-    the backward pass (the train step's activation memory drops to one layer's)."""
+    the backward pass (the train step's activation memory drops to one layer's). ``init_from``: a
+    run directory whose latest checkpoint's params start this run (the previous stage of a
+    multi-stage experiment, :mod:`hindsight.train.stages`; its ``model.name`` must be this one's);
+    a run that has checkpoints of its own resumes from them instead."""
     name: str = "smollm2-135m-instruct"
     dtype: str = "float32"
     scan_layers: bool = True
     remat: bool = True
+    init_from: str | None = None
 
     def __post_init__(self):
         check_choice("model.dtype", self.dtype, DTYPES)

@@ -51,6 +51,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from hindsight.methods import LMHead
 from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
@@ -376,6 +377,23 @@ def _train_state(xp: Experiment, model, tx, mesh):
                               reference=xp.reference, method_state=method_state)
 
 
+def warm_start(model, section, mesh):
+    """``model`` with the params of the latest checkpoint of the run in ``section.init_from``
+    (a previous stage), which must have trained the same ``model.name``."""
+    path = os.path.join(section.init_from, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"model.init_from={section.init_from!r} holds no run (no config.json)")
+    with open(path, encoding="utf-8") as f:
+        previous = json.load(f)["model"]["name"]
+    if previous != section.name:
+        raise ConfigError(f"model.init_from={section.init_from!r} trained model.name="
+                          f"{previous!r}, this run model.name={section.name!r}")
+    trained, _, _ = trained_policy(section.init_from)
+    graphdef, _, rest = nnx.split(model, nnx.Param, ...)
+    _, params, _ = nnx.split(trained, nnx.Param, ...)
+    return nnx.merge(graphdef, params, rest)
+
+
 def trained_policy(workdir: str, *, step: int | None = None):
     """``(model, tokenizer, step)``: the policy of the run in ``workdir`` (its ``config.json``) at
     checkpoint ``step`` (default: the latest).
@@ -422,6 +440,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
 
     mesh = make_mesh(t.mesh)
     model, tokenizer = load_policy(exp.model, mesh)
+    if exp.model.init_from is not None:
+        model = warm_start(model, exp.model, mesh)
     tx = make_optimizer(t.optim)
     state, shardings, model_def = _train_state(xp, model, tx, mesh)
     head = LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size,
