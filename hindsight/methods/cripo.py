@@ -105,10 +105,12 @@ def loss_fn(model, batch, *, config: CriPOConfig | None = None, head=None, refer
     mask = batch["mask"]
     rows = vocab_rows(row, sides, batch["targets"], mask, head=head,
                       temperature=config.temperature)
-    loc = localise(rows["criterion_logp"], rows["plain_logp"], rows["plain_disagrees"] > 0)
+    have = context_mask(batch, "teacher")
+    # a row without a criterion context (a custom recipe) keeps its plain advantage
+    loc = localise(rows["criterion_logp"], rows["plain_logp"], rows["plain_disagrees"] > 0) & (
+        jnp.asarray(have) > 0)
     advantages = flip_at(batch["advantages"], loc, mask, tau_flip=config.tau_flip)
     terms, metrics = surrogate_terms(rows, {**batch, "advantages": advantages}, config)
-    have = context_mask(batch, "teacher")
     keep = contribution_filter(jax.lax.stop_gradient(rows["forward_kl"]), have,
                                share=config.share)
     terms["distill"] = term(rows["forward_kl"], keep, weight=config.lam_inj)

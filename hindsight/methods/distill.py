@@ -46,8 +46,8 @@ class TokenDivergence:
       divergence: one of :data:`DIVERGENCES`.
       alpha: generalized-JSD weight (TRL / SDPO convention: 0 = ``KL(T || S)``, 1 = ``KL(S || T)``).
       top_k: explicit entries of ``topk`` (100). A vocabulary of at most ``top_k`` entries uses
-        ``V - 1`` of them and the tail bucket, which is then the last entry itself: the full
-        distribution, exactly.
+        ``V - 1`` of them: with the tail bucket (the last entry itself) that is the full
+        distribution exactly; renormalised (``tail=False``) the least likely entry is dropped.
       tail: ``topk`` appends the tail bucket (True, SDPO) or renormalises over the k entries
         (False, OPSD's ``top_k_loss``).
       support: whose top-k ids: ``"student"`` (SDPO) or ``"teacher"`` (OPSD).

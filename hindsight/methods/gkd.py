@@ -54,6 +54,9 @@ class GKDConfig(LossConfig):
         if not isinstance(self.seq_kd, bool):
             raise ValueError(f"`seq_kd` must be a bool, got {self.seq_kd!r}")
         check_choice("teacher", self.teacher, TEACHERS)
+        if self.seq_kd and self.teacher != "external":
+            raise ValueError(f"`seq_kd=True` samples the off-policy rows from an external teacher: "
+                             f"it needs teacher='external', got teacher={self.teacher!r}")
 
     @property
     def needs_reference(self) -> bool:

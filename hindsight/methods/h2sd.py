@@ -77,8 +77,10 @@ def loss_fn(model, batch, *, config: H2SDConfig | None = None, head=None, refere
                                external_teacher=external_teacher)
     mask = context_mask(batch, "teacher")
     success = jnp.asarray(batch["rewards"], jnp.float32) >= SUCCESS_REWARD
+    # a success without a context (a custom recipe) keeps its plain advantage
+    scaled_rows = success & (jnp.asarray(mask) > 0).any(axis=-1)
     advantages, rkl_weight = h2sd_advantages(batch["advantages"], rows["teacher_logp"],
-                                             rows["logp"], batch["mask"], success,
+                                             rows["logp"], batch["mask"], scaled_rows,
                                              eps_w=config.eps_w,
                                              gamma=config.gamma)
     terms, metrics = surrogate_terms(rows, {**batch, "advantages": advantages}, config)

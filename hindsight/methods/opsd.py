@@ -65,6 +65,10 @@ class OPSDConfig(LossConfig):
         if self.token_clip is not None and not check_static_float("token_clip",
                                                                   self.token_clip) > 0:
             raise ValueError(f"`token_clip` must be > 0 (or None), got {self.token_clip}")
+        if self.token_clip is not None and self.divergence == "sampled":
+            raise ValueError("`token_clip` caps a divergence; divergence='sampled' is a surrogate "
+                             "whose value is no divergence (capping it would stop the gradient of "
+                             "exactly the tokens the teacher prefers)")
 
     @property
     def token_divergence(self) -> TokenDivergence:

@@ -158,8 +158,8 @@ _PROBE = "Question: 12 + 7 = ?\n\nAnswer: \\boxed{19}. Très bien — 完成 <th
 def tokenizer_mismatch(a, b) -> str | None:
     """Why tokenizers ``a`` and ``b`` do not give the same ids (None: they agree): a teacher scored
     on the student's token ids must read them as the same text. Compared: the vocabulary (id ->
-    piece, when both expose ``get_vocab``), the end-of-sequence id, the ids of a probe text and of
-    a chat turn rendered by ``a``'s template."""
+    piece, when both expose ``get_vocab``), the end-of-sequence id and the ids of a probe text
+    (digits, LaTeX, accents, CJK, a thinking tag)."""
     va = a.get_vocab() if hasattr(a, "get_vocab") else None
     vb = b.get_vocab() if hasattr(b, "get_vocab") else None
     if (va is None) != (vb is None):

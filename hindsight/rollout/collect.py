@@ -226,7 +226,16 @@ def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Tem
             views = [GroupView(example=g.example, texts=g.texts, rewards=g.rewards,
                                feedback=g.feedback, templates=templates, rng=rng) for g in groups]
             ids, row_mask = teacher_contexts(tokenizer, views, recipe)
-            out[name] = ids if always_available(recipe) else (ids, row_mask)
+            if always_available(recipe):
+                missing = np.nonzero(row_mask < 1)[0]
+                if missing.size:  # only an example without a reference answer lacks one
+                    g = groups[int(missing[0]) // groups[0].size]
+                    raise ValueError(f"method {method.name!r} reads teacher contexts of recipe "
+                                     f"{recipe} on every row, but example {g.example_index} has "
+                                     f"no reference answer (answer={g.example.answer!r})")
+                out[name] = ids
+            else:
+                out[name] = (ids, row_mask)
     return out
 
 

@@ -6,8 +6,9 @@ The completion is tokenized without special tokens, the end-of-sequence id appen
 rollout stops at it (so the policy learns to end its answer), and cut to the response width ``T``
 (``rollout.max_new_tokens``; the cut is counted in the stats' ``truncated`` and reported, never
 silent). ``logp_old`` is the policy's teacher-forced log-prob of it at the sampling temperature
-(what a ratio to the current params would need); the reward is the task's verdict on it (a
-reference that its own verifier rejects is a data error worth seeing: the count is in the stats).
+(what a ratio to the current params would need); the reward is the task's verdict on it
+(:func:`hindsight.rollout.verification.check_texts`: a checker that raises gives reward 0 and its
+exception as feedback; a reference its own verifier rejects is a data error worth seeing).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 from hindsight.rollout.assemble import GroupRows
 from hindsight.rollout.prompts import policy_prompt
 from hindsight.rollout.runtime import PhaseClock, fit_width
-from hindsight.rollout.verification import Verifier
+from hindsight.rollout.verification import Verifier, check_texts
 from hindsight.sampling import SamplingParams, score_logprobs
 from hindsight.tasks import Example
 
@@ -62,12 +63,12 @@ def given_completions(model, tokenizer, verifier: Verifier, examples: Sequence[E
         tokens = np.zeros((1, width), np.int32)
         tokens[0, :n] = ids[k]
         mask = (np.arange(width) < n)[None]
-        verdict = verifier.task.verify(ex, texts[k])
+        checked = check_texts(verifier.task, ex, [texts[k]])
         groups.append(GroupRows(
             example=ex, example_index=first_index + k, prompt=prompts[k], tokens=tokens,
             lengths=np.array([n], np.int32), logprobs=logp[k:k + 1] * mask,
             policy_logprobs=logp[k:k + 1] * mask, loss_mask=mask,
-            rewards=np.array([verdict.reward], np.float32),
+            rewards=checked.rewards,
             branch_positions=np.zeros(1, np.int32), texts=[texts[k]],
-            feedback=[verdict.feedback], generated_tokens=0))
+            feedback=checked.feedback, generated_tokens=0))
     return groups, truncated

@@ -119,7 +119,7 @@ class TreeInfo:
     Attributes:
       layout: row layout (:class:`hindsight.rollout.branching.TreeLayout`).
       points: ``[R, K]`` branch points, best first (-1: replaced by fresh rollouts).
-      sources: per root, the selection step used (``"nms"``, ``"relaxed"``, ``"random"``,
+      sources: per root, the selection step used (``"nms"``, ``"relaxed"``,
         ``"fresh"``).
       scores: ``[R, T]`` HDL scores.
       reflections: reflection texts; reflection_lengths: ``[R]`` their token counts.

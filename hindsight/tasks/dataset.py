@@ -22,7 +22,7 @@ from hindsight._records import read_records
 from hindsight._validation import check_choice
 from hindsight.tasks.base import SPLITS, Example, Verdict, register, seeded_subset
 from hindsight.tasks.code import verify_program
-from hindsight.tasks.math import verify_choice, verify_math
+from hindsight.tasks.math import branch_mask_before_answer, verify_choice, verify_math
 from hindsight.tasks.sandbox import Limits
 
 KINDS = ("math", "mcq", "code")
@@ -243,6 +243,11 @@ class DatasetTask:
     def examples(self, *, split: str, count: int, seed: int) -> list[Example]:
         return seeded_subset(self.split_examples(split), split=split, count=count, seed=seed,
                              where=f"dataset {self.path}")
+
+    def branch_mask(self, example: Example, pieces) -> list[bool]:
+        """HDL's eligible branch positions: before the final answer for math records, every
+        token otherwise."""
+        return branch_mask_before_answer(pieces) if self.kind == "math" else [True] * len(pieces)
 
     def verify(self, example: Example, response: str) -> Verdict:
         fields = dict(example.data)

@@ -384,10 +384,11 @@ def warm_start(model, section, mesh):
     if not os.path.isfile(path):
         raise ConfigError(f"model.init_from={section.init_from!r} holds no run (no config.json)")
     with open(path, encoding="utf-8") as f:
-        previous = json.load(f)["model"]["name"]
-    if previous != section.name:
-        raise ConfigError(f"model.init_from={section.init_from!r} trained model.name="
-                          f"{previous!r}, this run model.name={section.name!r}")
+        previous = json.load(f)["model"]
+    for key in ("name", "scan_layers"):  # the same parameter tree
+        if previous[key] != getattr(section, key):
+            raise ConfigError(f"model.init_from={section.init_from!r} trained model.{key}="
+                              f"{previous[key]!r}, this run model.{key}={getattr(section, key)!r}")
     trained, _, _ = trained_policy(section.init_from)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     _, params, _ = nnx.split(trained, nnx.Param, ...)
@@ -440,8 +441,9 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
 
     mesh = make_mesh(t.mesh)
     model, tokenizer = load_policy(exp.model, mesh)
-    if exp.model.init_from is not None:
-        model = warm_start(model, exp.model, mesh)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    if exp.model.init_from is not None and not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)):
+        model = warm_start(model, exp.model, mesh)  # a run with checkpoints resumes from them
     tx = make_optimizer(t.optim)
     state, shardings, model_def = _train_state(xp, model, tx, mesh)
     head = LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size,

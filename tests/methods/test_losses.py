@@ -113,7 +113,7 @@ def _dense_self_distillation(name, config, dense, batch):
             for t in idx:
                 keep[b, t] = before < config.share * total
                 before += fkl[b, t]
-        loc = (pick(lt) - pick(ls) > 0) & (ls.argmax(-1) != targets)
+        loc = (pick(lt) - pick(ls) > 0) & (ls.argmax(-1) != targets) & ctx  # no context: no flip
         a = f64(batch["advantages"])
         adv = np.where((a < 0)[:, None] & loc, config.tau_flip, a[:, None])
         kw = dict(eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip)
@@ -136,7 +136,7 @@ def _dense_self_distillation(name, config, dense, batch):
     success = f64(batch["rewards"]) >= 0.5
     w = np.clip(np.exp(np.sign(a)[:, None] * (pick(lt) - pick(ls))), 1 - config.eps_w,
                 1 + config.eps_w)
-    adv = np.where(success[:, None], a[:, None] * w, a[:, None])
+    adv = np.where((success & ctx.any(-1))[:, None], a[:, None] * w, a[:, None])
     pg, count = numpy_surrogate(logp, batch["logp_old"], adv, batch["mask"], **kw)
     return float(pg) / count + config.gamma * mean(rkl, ctx & ~success[:, None])
 

@@ -128,3 +128,24 @@ def test_collect_builds_per_row_contexts_and_their_row_mask(model, tokenizer):
         ref = np.asarray(score_logprobs(model, [want], [responses[i]]))[0]
         np.testing.assert_allclose(context_logprobs(model, batch, "teacher")[i, :lengths[i]],
                                    ref[:lengths[i]], atol=1e-5)
+
+
+def test_a_reference_recipe_on_an_example_without_an_answer_is_refused(model, tokenizer):
+    """Never a placeholder context on a row that should have one: the example is named."""
+    from hindsight.rollout.collect import _contexts
+    method = configured("opsd", group_size=2, temperature=1.1)
+    with pytest.raises(ValueError, match="example 0 has answer=''"):
+        collect(method, model, tokenizer, ScriptedTask(),
+                [Example(prompt="q", answer="", data=("one",))], key=jax.random.key(0),
+                sampling=SamplingParams(max_new_tokens=4, temperature=1.1))
+    # the contexts' own check (what an iterator of examples, never checked up front, meets)
+    from hindsight.rollout import GroupRows
+    group = GroupRows(example=Example(prompt="q", answer=""), example_index=7,
+                      prompt=np.zeros(1, np.int32), tokens=np.zeros((2, 1), np.int32),
+                      lengths=np.ones(2, np.int32), logprobs=np.zeros((2, 1), np.float32),
+                      policy_logprobs=np.zeros((2, 1), np.float32),
+                      loss_mask=np.ones((2, 1), bool), rewards=np.zeros(2, np.float32),
+                      branch_positions=np.zeros(2, np.int32), texts=["a", "b"],
+                      generated_tokens=2, feedback=["", ""])
+    with pytest.raises(ValueError, match="example 7 has no reference answer"):
+        _contexts(method, tokenizer, [group], Templates(), seed=0)
