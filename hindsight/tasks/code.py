@@ -241,8 +241,9 @@ def _ended(result: RunResult, limits: Limits) -> str:
     """What ended a run that wrote no report."""
     if result.timed_out:
         return f"timed out after {limits.wall_seconds:g} s"
-    if (result.killed_by == "SIGKILL" and result.cpu_seconds is not None
-            and result.cpu_seconds >= 0.95 * limits.cpu_seconds):
+    if result.killed_by == "SIGXCPU" or (   # SIGKILL: SIGXCPU ignored, the hard limit
+            result.killed_by == "SIGKILL" and result.cpu_seconds is not None
+            and result.cpu_seconds >= limits.cpu_seconds):
         return f"CPU time limit of {limits.cpu_seconds} s exceeded"
     if result.killed_by:
         return f"killed by {result.killed_by}"

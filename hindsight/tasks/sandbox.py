@@ -33,7 +33,9 @@ the standard library imports).
     processes per uid: concurrent programs must not share one count); in a user namespace it
     drops all capabilities. ``no_new_privs`` keeps setuid binaries from raising privileges; its
     parent-death signal is SIGKILL.
-  - rlimits (soft = hard): RLIMIT_CPU (SIGKILL at the limit), RLIMIT_AS, RLIMIT_NPROC,
+  - rlimits: RLIMIT_CPU (soft = the limit: SIGXCPU, which ends the program and names the cause
+    whatever the CPU accounting of a busy machine reports; hard = one second later: SIGKILL for
+    a program that ignores SIGXCPU), and soft = hard for RLIMIT_AS, RLIMIT_NPROC,
     RLIMIT_FSIZE (SIGXFSZ is ignored, so a write past it fails with ``OSError``),
     RLIMIT_NOFILE, RLIMIT_CORE = 0.
 
@@ -86,7 +88,8 @@ _READ_CHUNK = 1 << 16
 class Limits:
     """Resource limits of one program.
 
-    ``cpu_seconds``: CPU time of each process (RLIMIT_CPU, whole seconds, SIGKILL at the limit).
+    ``cpu_seconds``: CPU time of each process (RLIMIT_CPU, whole seconds: SIGXCPU at the limit,
+    SIGKILL one second later if the program ignores SIGXCPU).
     ``wall_seconds``: wall-clock time of the run; then the process group is killed.
     ``memory_bytes``: address space of each process (RLIMIT_AS).
     ``max_processes``: processes and threads of the program's uid (RLIMIT_NPROC; a fresh uid
@@ -268,12 +271,15 @@ def _sandbox_main(argv):
     # The program: limits, then no privileges, then its code.
     try:
         os.chdir(workdir)
-        for name, key in (("RLIMIT_CPU", "cpu"), ("RLIMIT_AS", "memory"),
-                          ("RLIMIT_NPROC", "processes"), ("RLIMIT_FSIZE", "file_size"),
-                          ("RLIMIT_NOFILE", "open_files")):
+        # SIGXCPU at the CPU limit (the cause is then unambiguous: rusage's CPU time can read a
+        # few percent under the kernel's own count on a busy machine), SIGKILL a second later.
+        resource.setrlimit(resource.RLIMIT_CPU, (int(opts["cpu"]), int(opts["cpu"]) + 1))
+        for name, key in (("RLIMIT_AS", "memory"), ("RLIMIT_NPROC", "processes"),
+                          ("RLIMIT_FSIZE", "file_size"), ("RLIMIT_NOFILE", "open_files")):
             resource.setrlimit(getattr(resource, name), (int(opts[key]), int(opts[key])))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        signal.signal(signal.SIGXCPU, signal.SIG_DFL)   # whatever the caller's disposition
         if uid >= 0:
             os.setgroups([])
             os.setresgid(uid, uid, uid)

@@ -117,9 +117,14 @@ def test_descendants_die_with_the_program(audit_hook):
 
 def test_cpu_limit():
     result = run_python("while True:\n    pass\n", limits=QUICK)
-    assert result.killed_by == "SIGKILL" and not result.timed_out
+    assert result.killed_by == "SIGXCPU" and not result.timed_out
     assert 0.9 <= result.cpu_seconds < 1.5
     assert_contained(result)
+    # A program that ignores SIGXCPU meets the hard limit a second later.
+    ignores = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
+    result = run_python(ignores, limits=QUICK)
+    assert result.killed_by == "SIGKILL" and not result.timed_out
+    assert 1.8 <= result.cpu_seconds < 2.5
 
 
 def test_wall_clock_limit():
