@@ -133,6 +133,14 @@ def _trajectory_markdown(trace: dict) -> str:
     return "".join(pieces)
 
 
+def _episode_sample(samples: list[dict]) -> tuple[int, str] | None:
+    """``(step, text)`` of one episode rendered turn by turn (its ``[turn k]`` lines), the latest
+    that branched from its root (``[branch]``) when there is one; None for single-turn runs."""
+    episodes = [(s["step"], t) for s in samples for t in s.get("texts", []) if "[turn " in t]
+    branched = [e for e in episodes if "[branch]" in e[1]]
+    return (branched or episodes or [None])[-1]
+
+
 def _table(runs: list[dict]) -> str:
     keys = ("reward", "loss", "grad_norm", "generated_tokens_per_group", "rollout_seconds",
             "update_seconds", "step_time")
@@ -174,6 +182,14 @@ def write_report(workdirs: list[str], out: str, *, title: str = "hindsight run r
                       f"Branch points (best first): {trace['points']}. Tokens scoring at least half "
                       f"the maximum carry their score as a subscript; branch points are bold.", "",
                       _trajectory_markdown(trace), "", "![trajectory](trajectory.png)"]
+        episode = _episode_sample(run["samples"])
+        if episode is not None:
+            step, text = episode
+            lines += ["", f"## {run['name']}: one episode, turn by turn (step {step})", "",
+                      "Observations come from the environment (loss mask 0), each `[turn k]` is "
+                      "the policy's action turn" + (" and `[branch]` marks where this "
+                      "continuation left its root's history" if "[branch]" in text else "") + ".",
+                      "", "```text", text, "```"]
         texts = run["samples"][-1]["texts"] if run["samples"] else []
         if texts:
             lines += ["", f"## {run['name']}: sample responses (last step)", ""]

@@ -53,3 +53,14 @@ def test_model_text_cannot_escape_into_markdown_or_html(tmp_path):
     assert "&lt;script&gt;" in text and "<code>" in text
     # the trajectory's backtick and emphasis markers are literal characters
     assert "\\`" in text and "\\*" in text and "\\_y\\_" in text
+
+
+def test_episode_sample_prefers_a_branched_episode():
+    from experiments.report import _episode_sample
+    samples = [{"step": 1, "texts": ["[observation] hall\n[turn 0] look  -> action 'look'",
+                                     "a single-turn answer"]},
+               {"step": 2, "texts": ["[observation] hall\n[turn 0] go [branch] east  -> action",
+                                     "[observation] hall\n[turn 0] look  -> action 'look'"]}]
+    assert _episode_sample(samples) == (2, samples[1]["texts"][0])
+    assert _episode_sample(samples[:1]) == (1, samples[0]["texts"][0])
+    assert _episode_sample([{"step": 1, "texts": ["no turns here"]}]) is None
