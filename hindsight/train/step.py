@@ -134,12 +134,16 @@ def shard_batch(batch, mesh: Mesh, *, num_microbatches: int = 1):
 
     Micro-batch ``m`` is the ``m``-th contiguous slice of every process's rows; its row axis is
     split over ``("data", "fsdp")`` (see the module doc). Host arrays are not copied before the
-    transfer.
+    transfer. ``jax.ShapeDtypeStruct`` leaves (a dry run's abstract rows) give the global arrays'
+    ``ShapeDtypeStruct`` with their sharding.
     """
     sharding = NamedSharding(mesh, P(None, BATCH_AXES))
     n = jax.process_count()
 
     def one(x):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            shape = (num_microbatches, x.shape[0] * n // num_microbatches) + tuple(x.shape[1:])
+            return jax.ShapeDtypeStruct(shape, x.dtype, sharding=sharding)
         x = np.asarray(x)
         local = x.reshape((num_microbatches, x.shape[0] // num_microbatches) + x.shape[1:])
         shape = (num_microbatches, local.shape[1] * n) + x.shape[1:]
@@ -212,7 +216,7 @@ class TrainStep:
             teacher_sh = jax.tree.map(
                 lambda x: x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding)
                 and x.sharding.mesh == mesh else rep, params)
-            self._teacher_params = jax.device_put(params, teacher_sh)
+            self._teacher_params = _put(params, teacher_sh)
         # Two programs: the gradient pass (also serving :meth:`grads`, compiled once) and the
         # update, which donates the old state.
         self._jitted_grads = jax.jit(
@@ -365,9 +369,24 @@ class TrainStep:
 
     def lower(self, state: TrainState, batch):
         """``jax.jit(...).lower`` of the gradient pass (the step's memory peak), e.g. for
-        ``.compile().memory_analysis()``."""
+        ``.compile().memory_analysis()``. ``state`` and ``batch`` may be abstract
+        (``jax.ShapeDtypeStruct`` leaves: a dry run, :mod:`hindsight.train.dry_run`)."""
         return self._jitted_grads.lower(state, self._model_def.rest, self.place(batch),
                                         self._teacher_params)
+
+    def lower_update(self, state: TrainState, grads, metrics: dict, rng):
+        """``jax.jit(...).lower`` of the update program (optimizer, EMA; donates ``state``) on
+        the gradient pass's outputs ``(grads, metrics, rng)``, concrete or abstract (e.g.
+        ``self.lower(state, batch).out_info``)."""
+        return self._jitted_apply.lower(state, grads, metrics, rng)
+
+
+def _put(tree, shardings):
+    """``jax.device_put`` of ``tree``; an abstract leaf (``jax.ShapeDtypeStruct``, a dry run)
+    gets its sharding attached instead."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+                        if isinstance(x, jax.ShapeDtypeStruct) else jax.device_put(x, s),
+                        tree, shardings)
 
 
 @dataclasses.dataclass(frozen=True)
