@@ -16,8 +16,16 @@ With `scan_layers=True` (default) every `layers/...` parameter carries a leading
 `L` and the forward pass is one `lax.scan`, so compile time does not grow with depth. With
 `scan_layers=False` the paths are `layers/<i>/...` and the loop is unrolled (faster bf16 on CPU,
 slower compile).
+
+``mlp_reduce`` (an :class:`MLPReduce`) folds every layer's MLP post-activations into a carry
+inside the layer loop, so a caller can reduce them per layer (Neuron-OPSD's neuron scores and
+their top-k) without the ``[L, B, S, F]`` activations ever existing; without it the traced
+program is exactly the plain forward pass (``tests/models/test_mlp_reduce.py``).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +36,22 @@ from hindsight.models.attention import Attention, cache_mask, causal_mask
 from hindsight.models.cache import KVCache, init_cache
 from hindsight.models.config import ModelConfig
 from hindsight.models.layers import RMSNorm, SwiGLU, matmul, rope_inv_freq, rope_tables
+
+
+class MLPReduce(NamedTuple):
+    """A fold over the layers' MLP post-activations, run inside the decoder's layer loop.
+
+    Attributes:
+      init: the carry before layer 0 (a pytree of arrays).
+      step: ``step(carry, activations [B, S, F], down_kernel [F, D], layer) -> carry`` with the
+        same structure, shapes and dtypes (a ``lax.scan`` carry); ``activations`` are the layer's
+        ``silu(x W_gate) * (x W_up)`` in the compute dtype, ``down_kernel`` its down projection
+        (row ``i``: neuron ``i``'s output weights), ``layer`` its index (an int32 scalar under
+        ``scan_layers``, a Python int unrolled). A per-layer output is a ``[L, ...]`` carry
+        written at ``layer``.
+    """
+    init: Any
+    step: Callable
 
 
 class Block(nnx.Module):
@@ -41,11 +65,15 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, param_dtype=param_dtype,
                           rngs=rngs)
 
-    def __call__(self, h, *, cos, sin, mask, positions, cache, layer):
+    def __call__(self, h, *, cos, sin, mask, positions, cache, layer, tap=None):
+        """``(h, cache)``; with ``tap`` (see :class:`SwiGLU`), ``(h, cache, tapped)``."""
         a, cache = self.attn(self.attn_norm(h), cos=cos, sin=sin, mask=mask, positions=positions,
                              cache=cache, layer=layer)
         h = h + a
-        return h + self.mlp(self.mlp_norm(h)), cache
+        if tap is None:
+            return h + self.mlp(self.mlp_norm(h)), cache
+        out, tapped = self.mlp(self.mlp_norm(h), tap=tap)
+        return h + out, cache, tapped
 
 
 class Decoder(nnx.Module):
@@ -95,8 +123,8 @@ class Decoder(nnx.Module):
                           dtype=self.dtype if dtype is None else dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, *, cache: KVCache | None = None,
-                 attention_mask: jax.Array | None = None,
-                 return_hidden: bool = False) -> tuple[jax.Array, KVCache | None]:
+                 attention_mask: jax.Array | None = None, return_hidden: bool = False,
+                 mlp_reduce: MLPReduce | None = None) -> tuple:
         """Forward pass.
 
         Args:
@@ -110,10 +138,13 @@ class Decoder(nnx.Module):
             over cache slots with one.
           return_hidden: return the final-normed hidden states `[B,S,D]` (compute dtype) instead of
             logits, for a chunked LM head with `unembedding()`.
+          mlp_reduce: an :class:`MLPReduce` folded over the layers' MLP post-activations inside
+            the layer loop (None: the plain forward pass, unchanged).
 
         Returns:
           `(out, cache)`: out = float32 logits `[B,S,V]` (or hidden `[B,S,D]`); cache = the updated
-          cache (None without one).
+          cache (None without one). With `mlp_reduce`, `(out, cache, carry)`: the fold's final
+          carry.
         """
         self._check_inputs(tokens, positions, cache, attention_mask)
         cfg = self.config
@@ -126,29 +157,35 @@ class Decoder(nnx.Module):
             mask = cache_mask(positions, cache.max_len, attention_mask)
 
         def block_fn(graphdef):
-            def apply(state, h, cache, layer):
+            def apply(state, h, cache, layer, *fold):
+                # `fold` is () or (carry,): the plain path traces exactly as without the option
+                tap = {} if not fold else {
+                    "tap": lambda k, w: mlp_reduce.step(fold[0], k, w, layer)}
                 return nnx.merge(graphdef, state)(h, cos=cos, sin=sin, mask=mask, positions=positions,
-                                                  cache=cache, layer=layer)
+                                                  cache=cache, layer=layer, **tap)
             # prevent_cse only matters outside scan (JAX's advice for remat inside scan is False).
             return jax.checkpoint(apply, prevent_cse=not self.scan_layers) if self.remat else apply
 
+        carry = (h, cache) if mlp_reduce is None else (h, cache, mlp_reduce.init)
         if self.scan_layers:
             graphdef, state = nnx.split(self.layers)
             apply = block_fn(graphdef)
 
             def body(carry, xs):
                 layer_state, layer = xs
-                return apply(layer_state, *carry, layer), None
+                h, cache, *fold = carry
+                return apply(layer_state, h, cache, layer, *fold), None
 
-            (h, cache), _ = jax.lax.scan(body, (h, cache), (state, jnp.arange(cfg.num_layers)))
+            carry, _ = jax.lax.scan(body, carry, (state, jnp.arange(cfg.num_layers)))
         else:
             for i, block in enumerate(self.layers):
                 graphdef, state = nnx.split(block)
-                h, cache = block_fn(graphdef)(state, h, cache, i)
+                h, cache, *fold = carry
+                carry = block_fn(graphdef)(state, h, cache, i, *fold)
+        h, cache, *fold = carry
         h = self.final_norm(h)
-        if return_hidden:
-            return h, cache
-        return matmul(h, self.unembedding(), dtype=self.dtype), cache
+        out = h if return_hidden else matmul(h, self.unembedding(), dtype=self.dtype)
+        return (out, cache, *fold)
 
     def _check_inputs(self, tokens, positions, cache, attention_mask) -> None:
         v.check_rank("tokens", tokens, rank=2)

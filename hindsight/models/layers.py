@@ -7,6 +7,7 @@ CPU is both the accurate and the fast choice for bf16; norms and RoPE run in flo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -59,8 +60,14 @@ class SwiGLU(nnx.Module):
         self.up_proj = Dense(dim, hidden, **kw)
         self.down_proj = Dense(hidden, dim, **kw)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    def __call__(self, x: jax.Array, *, tap: Callable | None = None):
+        """``[..., D] -> [..., D]``; with ``tap``, ``(out, tap(activations, down_kernel))``: the
+        post-activations ``silu(gate(x)) * up(x)`` ``[..., F]`` (compute dtype), the input of the
+        down projection, and its kernel ``[F, D]`` (row ``i`` is neuron ``i``'s output weights)."""
+        activations = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+        if tap is None:
+            return self.down_proj(activations)
+        return self.down_proj(activations), tap(activations, self.down_proj.kernel[...])
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: Llama3RopeScaling | None = None) -> jax.Array:

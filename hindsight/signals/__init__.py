@@ -9,6 +9,9 @@ target, gate and credit is stop-gradient'ed; masked positions give 0; losses ret
 * :mod:`~hindsight.signals.counterfactual` — CRAFT credit, CTI loss, controller, polarised KL (§4).
 * :mod:`~hindsight.signals.pmi` — OPSD-PMI purified target and JSD loss (§5).
 * :mod:`~hindsight.signals.barycenter` — DemoPSD geometric target, disagreement alpha, loss (§6).
+* :mod:`~hindsight.signals.neurons` — Neuron-OPSD's neuron scores, the neuron set of a response,
+  consensus, Jaccard distances, the bottom-fraction selection and K-nearest retrieval
+  (other-methods §8).
 * :mod:`~hindsight.signals.turns` — segment reductions over the turns of multi-turn rows
   (``turn_id``, other-methods §0): turn sums / means, broadcast back to tokens, min-max.
 * :mod:`~hindsight.signals.teacher_student` — the other methods' per-token teacher / student
@@ -28,6 +31,9 @@ from hindsight.signals.hindsight_divergence import (BRANCH_COUNTS, branch_counts
                                                     hindsight_divergence,
                                                     hindsight_divergence_from_logprobs,
                                                     select_branch_points)
+from hindsight.signals.neurons import (bottom_fraction, chunk_candidates, consensus, init_top,
+                                       jaccard_distances, merge_top, nearest, neuron_scores,
+                                       union_mask)
 from hindsight.signals.persistence import (PersistenceStats, pcsd_loss, persistence_gate,
                                            persistence_gate_from_gap, persistence_loss,
                                            persistence_stats_from_gap)
@@ -53,4 +59,6 @@ __all__ = [
     "turn_sums", "turn_valid", "turn_table", "cbsd_credit", "contribution_filter",
     "mixture_target", "recoverability_labels", "return_to_go", "skill_shift_gate",
     "topk_forward_kl", "topk_tail_kl", "turn_loss_weights", "turn_reweighting",
+    "bottom_fraction", "chunk_candidates", "consensus", "init_top", "jaccard_distances",
+    "merge_top", "nearest", "neuron_scores", "union_mask",
 ]

@@ -22,10 +22,21 @@ class Example:
     """One problem: the user message, the reference answer (for privileged contexts) and task data.
 
     ``data`` is a tuple: the synthetic tasks keep their items in it; record-backed tasks (files,
-    HumanEval) keep ``(field, value)`` pairs, read back with :meth:`field`."""
+    HumanEval) keep ``(field, value)`` pairs, read back with :meth:`field`. ``extras`` holds
+    ``(name, value)`` pairs a method's preparation attached (:mod:`hindsight.rollout.prepare`:
+    Neuron-OPSD's ``few_shot`` demonstrations), read by teacher-context parts with :meth:`extra`;
+    verifiers ignore them."""
     prompt: str
     answer: str
     data: tuple = ()
+    extras: tuple = ()
+
+    def extra(self, name: str, default=None):
+        """The value of ``(name, value)`` in ``extras``, or ``default``."""
+        for key, value in self.extras:
+            if key == name:
+                return value
+        return default
 
     def field(self, name: str):
         """The value of ``(name, value)`` in ``data`` (record-backed tasks); KeyError names it."""
