@@ -151,11 +151,12 @@ def teacher_policy_rows(name: str, model, batch, config: TeacherSurrogateConfig,
 
 
 def divergence_loss(sides, batch, divergence: TokenDivergence, *, head=None,
-                    temperature: float = 1.0, token_clip: float | None = None):
+                    temperature: float = 1.0, token_clip: float | None = None, mask=None):
     """``(terms, metrics)`` of a distillation-only loss over ``sides["student"]`` and
     ``sides["teacher"]``: the token-mean ``distill`` term of ``divergence`` per position (capped
     at ``token_clip`` when set; metric ``jsd``), and the metrics ``entropy`` (student) and
-    ``teacher_gap`` (mean ``l_T - l_S`` at the row's tokens). OPSD's and GKD's loss."""
+    ``teacher_gap`` (mean ``l_T - l_S`` at the row's tokens), over ``mask [B, T]`` (default
+    ``batch["mask"]``; OPSD clears the rows without a teacher context). OPSD's and GKD's loss."""
     def row(logp, tokens):
         ls, lt = logp["student"], logp["teacher"]
         sg = jax.lax.stop_gradient
@@ -165,6 +166,6 @@ def divergence_loss(sides, batch, divergence: TokenDivergence, *, head=None,
         return {"jsd": d, "entropy": sg(entropy_from_logprobs(ls)),
                 "teacher_gap": sg(gather(lt, tokens) - gather(ls, tokens))}
 
-    rows = vocab_rows(row, sides, batch["targets"], batch["mask"], head=head,
-                      temperature=temperature)
-    return distill_term(rows, batch["mask"], loss="jsd")
+    mask = batch["mask"] if mask is None else mask
+    rows = vocab_rows(row, sides, batch["targets"], mask, head=head, temperature=temperature)
+    return distill_term(rows, mask, loss="jsd")

@@ -18,6 +18,11 @@ instead, SDPO's form); ``divergence="sampled"`` is the sampled-token alternative
 each token's divergence, ``min(D_t, token_clip)`` (the repo's ``jsd_token_clip``, 0.05 in its run
 scripts, absent from the paper; the repo clamps each vocabulary term before the sum, which is no
 longer a divergence: here the token's total is capped, as the spec states it).
+
+The teacher's context is the recipe ``teacher_context`` (:mod:`hindsight.rollout.contexts`):
+OPSD's question + reference answer by default; BIRD's stage 2 reads question + the concise
+instruction (``("concise",)``, ``configs/bird.py``). Rows a recipe gives no context are left out
+of the term (their ``teacher_row_mask`` is 0).
 """
 from __future__ import annotations
 
@@ -25,8 +30,8 @@ import dataclasses
 
 from hindsight._validation import check_choice, check_static_float
 from hindsight.batch import check_batch
-from hindsight.methods.distill import TokenDivergence, divergence_loss
-from hindsight.methods.forward import context_hidden
+from hindsight.methods.distill import TokenDivergence, check_teacher_context, divergence_loss
+from hindsight.methods.forward import context_hidden, context_mask
 from hindsight.methods.method import (TEACHERS, LossConfig, Method,
                                       require_no_state, resolve_config, teacher_hidden)
 from hindsight.objectives import Loss
@@ -48,6 +53,7 @@ class OPSDConfig(LossConfig):
       divergence: ``"full"`` (the default), ``"topk"`` or ``"sampled"`` (see the module doc).
       top_k, top_k_tail: the ``topk`` support (100 teacher ids, renormalised).
       token_clip: cap of each token's divergence (None: off).
+      teacher_context: the teacher-context recipe (``("reference",)``).
     """
     beta: float = 0.5
     temperature: float = 1.1
@@ -56,11 +62,13 @@ class OPSDConfig(LossConfig):
     top_k: int = 100
     top_k_tail: bool = False
     token_clip: float | None = None
+    teacher_context: tuple = ("reference",)
 
     def __post_init__(self):
         super().__post_init__()
         check_static_float("beta", self.beta, low=0.0, high=1.0)
         check_choice("teacher", self.teacher, TEACHERS)
+        object.__setattr__(self, "teacher_context", check_teacher_context(self.teacher_context))
         self.token_divergence  # validates divergence, top_k, top_k_tail
         if self.token_clip is not None and not check_static_float("token_clip",
                                                                   self.token_clip) > 0:
@@ -94,10 +102,11 @@ def loss_fn(model, batch, *, config: OPSDConfig | None = None, head=None, refere
     check_batch(batch, method=NAME, contexts=CONTEXTS, fields=FIELDS)
     sides = {"student": context_hidden(model, batch),
              "teacher": teacher_hidden(NAME, config.teacher, model, reference, batch,
-                                       external=external_teacher)}
+                                       row_masked=True, external=external_teacher)}
 
     return Loss(*divergence_loss(sides, batch, config.token_divergence, head=head,
-                                 temperature=config.temperature, token_clip=config.token_clip))
+                                 temperature=config.temperature, token_clip=config.token_clip,
+                                 mask=context_mask(batch, "teacher")))
 
 METHOD = Method(name=NAME, loss_fn=loss_fn, config=OPSDConfig(), contexts=CONTEXTS,
                 rollout=ROLLOUT, fields=FIELDS,

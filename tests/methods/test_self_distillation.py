@@ -98,7 +98,7 @@ def test_importance_weight_is_detached_clipped_and_masked():
     assert float(jnp.sum(jax.grad(lambda x: jnp.sum(importance_weight(x, old, mask, 2.0)[0]))(lp))) == 0.0
 
 
-@pytest.mark.parametrize("name", ["sdpo", "hsd", "h2sd"])
+@pytest.mark.parametrize("name", ["sdpo", "hsd", "h2sd", "opsd"])
 def test_rows_without_a_context_leave_every_term(name, models, batch):
     """Row 3 marked as having no teacher context contributes to no distillation term (its mask
     cleared gives the same distillation sums and counts) while the policy term keeps it."""
@@ -128,9 +128,9 @@ def test_rows_without_a_context_leave_every_term(name, models, batch):
 
 def test_methods_without_a_recipe_refuse_a_row_masked_batch(models, batch):
     b = np.shape(batch["targets"])[0]
-    with pytest.raises(ValueError, match="opsd.*teacher_row_mask"):
-        get_method("opsd").loss_fn(models[0], dict(batch, teacher_row_mask=np.ones(b)),
-                                   reference=models[1])
+    with pytest.raises(ValueError, match="demopsd.*teacher_row_mask"):
+        get_method("demopsd").loss_fn(models[0], dict(batch, teacher_row_mask=np.ones(b)),
+                                      reference=models[1])
 
 
 def test_opsd_top_k_loss_renormalises_over_the_teachers_top_k():
