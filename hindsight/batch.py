@@ -19,6 +19,12 @@ Response, ``T`` positions:
   * optional ``policy_row_mask [B]`` bool or 0/1: 0 on rows trained without the policy-gradient
     term (and its KL), by the method's other terms only (OVCSD's suffix rows); absent: every row.
     :func:`hindsight.methods.policy_gradient.policy_mask` applies it.
+  * optional ``row_role [B]`` int32: which of a method's row roles a row plays, routing it to that
+    role's loss term; absent: every row is role 0, the policy's own sample. Counterfactual
+    recoverability (:mod:`hindsight.methods.recoverability`): 0 the student's sample (SOD; also a
+    supervision slot left unused, whose ``mask`` is empty), 1 a retained prefix with a teacher's
+    corrective continuation, 2 a rollback branch; each row's ``mask`` holds the tokens its term
+    trains (its per-token weights, 0 or 1).
 
 Extra contexts: the same response teacher-forced after another prompt, named ``{name}``:
 ``{name}_tokens [B, Lc]``, ``{name}_positions [B, Lc]``, ``{name}_attention_mask [B, Lc]`` and
@@ -124,6 +130,11 @@ def check_batch(batch: Mapping, *, method: str, contexts: Iterable[str] = (),
     expect("mask", (b, t))
     if "policy_row_mask" in batch:
         expect("policy_row_mask", (b,))
+    if "row_role" in batch:
+        expect("row_role", (b,))
+        if not _is_int(batch["row_role"]):
+            raise TypeError(f"method {method!r}: batch['row_role'] must be an integer array, got "
+                            f"dtype {np.dtype(batch['row_role'].dtype)}")
     if "logp_old" in fields:
         expect("logp_old", (b, t))
     if "rewards" in fields:
