@@ -9,7 +9,9 @@ Paper not located; the gate extends SDAR's ``sigmoid(beta * gap)`` gate (arXiv 2
 ``D = sg(logp_T - logp_S)`` between the teacher context (privileged: question + reference answer /
 feedback, same weights under ``stop_gradient`` by default) and the policy, at the sampled tokens;
 ``l = -logp_S`` (``loss="nll"``, [BRIEF] default), the full-vocabulary ``KL(S || T)``
-(``"rkl"``, SDAR's best) or its sampled form ``sg(lS - lT) lS`` (``"rkl_sampled"``). The method
+(``"rkl"``, SDAR's best), its sampled form ``sg(lS - lT) lS`` (``"rkl_sampled"``) or SDAR's
+``compute_sdar_loss`` term ``sg(lT) - lS`` (``"sdar"``: the gradient of ``"nll"``, the value
+``g (lT - lS)``; SEED's, :mod:`hindsight.methods.seed`). The method
 returns two named terms, ``policy`` and ``distill`` (weight ``lam``), each a token mean.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ NAME = "pcsd"
 CONTEXTS = ("teacher",)
 ROLLOUT = "group"
 FIELDS = ("logp_old", "advantages")
-LOSSES = ("nll", "rkl", "rkl_sampled")
+LOSSES = ("nll", "rkl", "rkl_sampled", "sdar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +41,7 @@ class PCSDConfig(SurrogateConfig):
 
     Attributes:
       lam: weight of the distillation term (0.01, SDAR).
-      loss: ``"nll"`` (default), ``"rkl"`` or ``"rkl_sampled"``.
+      loss: ``"nll"`` (default), ``"rkl"``, ``"rkl_sampled"`` or ``"sdar"``.
       teacher: ``"self"`` (same params, stop-gradient) or ``"reference"``.
       n_max, n_min, alpha, tau_low, tau_high, beta_gate, gamma, variance_direction: the gate's
         window options (:func:`hindsight.signals.persistence_stats_from_gap`).

@@ -46,6 +46,11 @@ class GroupRows:
       search_mask: search episodes, ``[G, T]`` bool on the tokens of search queries.
       num_turns: episodes, ``[G]`` int32 actions taken. statuses: episodes, how each ended
         (:data:`hindsight.rollout.episodes.STATUSES`).
+      row_roles: ``[G]`` int32 each row's role (the batch's ``row_role``: counterfactual
+        recoverability's supervision rows), or None (every row is the policy's sample).
+      generated: the context parts the policy wrote about the group after its verdicts, by part
+        name (:class:`hindsight.rollout.generated.Generated`: SEED's ``skill``); a part its
+        generator declined is absent.
     """
     example: Example
     example_index: int
@@ -67,10 +72,19 @@ class GroupRows:
     search_mask: np.ndarray | None = None
     num_turns: np.ndarray | None = None
     statuses: list[str] | None = None
+    row_roles: np.ndarray | None = None
+    generated: dict = dataclasses.field(default_factory=dict)
 
     @property
     def size(self) -> int:
         return int(self.lengths.shape[0])
+
+
+def finished(group: GroupRows, stop_tokens: Sequence[int]) -> np.ndarray:
+    """``[n]`` bool: the rows that ended on a stop token, not at the response width."""
+    width = group.tokens.shape[1]
+    last = group.tokens[np.arange(group.size), np.maximum(group.lengths - 1, 0)]
+    return (group.lengths < width) | ((group.lengths > 0) & np.isin(last, list(stop_tokens)))
 
 
 def context_arrays(contexts: Sequence, responses: np.ndarray, lengths: np.ndarray) -> dict:
@@ -134,6 +148,11 @@ def assemble(groups: Sequence[GroupRows], advantages: np.ndarray, rewards: np.nd
         logp_old=np.concatenate([g.policy_logprobs for g in groups]).astype(np.float32),
         advantages=np.asarray(advantages, np.float32), rewards=np.asarray(rewards, np.float32),
         contexts=extra)
+    roles = [g.row_roles is not None for g in groups]
+    if any(roles):
+        if not all(roles):
+            raise ValueError("a batch mixes groups with row roles and groups without")
+        batch["row_role"] = np.concatenate([g.row_roles for g in groups]).astype(np.int32)
     if all(episodes):
         batch["turn_id"] = np.concatenate([g.turn_ids for g in groups]).astype(np.int32)
         batch["turn_rewards"] = np.concatenate([g.turn_rewards for g in groups]).astype(np.float32)

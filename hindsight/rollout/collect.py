@@ -6,7 +6,8 @@
 
 ``method`` is a configured :class:`~hindsight.methods.Method` (:meth:`~hindsight.methods.Method.configure`:
 its config, its rollout shape and group size). Dispatches on the method's ``rollout``
-(``"group"``, ``"dynamic"``, ``"hdl_tree"``, ``"completions"``, ``"gkd"``), applies its reward shaping and builds the extra
+(``"group"``, ``"dynamic"``, ``"hdl_tree"``, ``"completions"``, ``"gkd"``,
+``"recoverability"``), applies its reward shaping and builds the extra
 contexts its ``contexts`` name. Everything is checked before anything is compiled.
 """
 from __future__ import annotations
@@ -23,21 +24,26 @@ from hindsight.methods import Method
 from hindsight.methods.method import check_temperature
 from hindsight.objectives import group_advantages
 from hindsight.rollout.assemble import GroupRows, assemble
-from hindsight.rollout.completions import given_completions
+from hindsight.rollout.completions import (PART_SELECTIONS, SELECTIONS, generated_completions,
+                                           given_completions, policy_completions)
 from hindsight.rollout.branching import tree_advantages
 from hindsight.rollout.contexts import (REFERENCE_RECIPE, GroupView, always_available,
-                                        needs_answer, parse_recipe, teacher_contexts)
+                                        check_example_recipe, needs_answer, parse_recipe,
+                                        teacher_contexts)
 from hindsight.rollout.dynamic import sample_dynamic
 from hindsight.rollout.episodes import EpisodeOptions, play
+from hindsight.rollout.generated import (GENERATORS, GenerationOptions, PartWriter,
+                                         generated_parts)
 from hindsight.rollout.group import sample_groups
 from hindsight.rollout.hdl import TreeOptions, sample_trees
 from hindsight.rollout.prompts import Templates, probe_context
+from hindsight.rollout.recoverability import recoverability_stats, sample_recoverability
 from hindsight.rollout.runtime import PhaseClock, with_eos
 from hindsight.rollout.verification import Verifier
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import EpisodeTask
 
-SHAPES = ("group", "dynamic", "hdl_tree", "completions", "gkd")
+SHAPES = ("group", "dynamic", "hdl_tree", "completions", "gkd", "recoverability")
 EPISODE_SHAPES = ("group", "hdl_tree")  # the shapes an episode task can be played in
 
 
@@ -55,6 +61,8 @@ class RolloutConfig:
       verify_workers: threads checking responses while the engine decodes (0: inline, in the
         engine's result callbacks; :mod:`hindsight.rollout.verification`).
       episodes: how an episode task is played (:class:`EpisodeOptions`).
+      generated: how the context parts the policy writes are written (caps:
+        :class:`hindsight.rollout.generated.GenerationOptions`; SEED's skills).
     """
     slots: int | None = None
     chunk_steps: int = 16
@@ -64,6 +72,7 @@ class RolloutConfig:
     templates: Templates = Templates()
     num_sample_texts: int = 4
     episodes: "EpisodeOptions" = None
+    generated: GenerationOptions = GenerationOptions()
 
     def __post_init__(self):
         if self.episodes is None:
@@ -76,8 +85,9 @@ class RolloutStats:
 
     Attributes:
       rollout: the shape. num_groups, group_size: ``P``, ``G``.
-      reward_mean: mean verifier reward over the batch rows (before any shaping).
-      response_length_mean: mean response length over the batch rows (full sequences).
+      reward_mean: mean verifier reward over the batch rows (before any shaping) that the rollout
+        sampled (``recoverability``: not its supervision rows).
+      response_length_mean: mean response length over those rows (full sequences).
       generated_tokens: per group, tokens sampled for it (HDL: roots + reflections + new
         continuation tokens + fresh rows; dynamic sampling: only the kept groups').
       reflection_tokens: per group, the reflection tokens included in ``generated_tokens``.
@@ -94,11 +104,18 @@ class RolloutStats:
       branch_positions: HDL, per group ``[R][K]`` points (-1: fresh rollouts instead).
       branch_sources: HDL, per group and root, the selection step used.
       sample_texts, reflections: a few decoded responses / reflections.
+      generated_texts: a few of the context parts the policy wrote (SEED's skills), ``name:
+        text``; their tokens are in ``generated_tokens`` and ``phase_tokens["generated"]``.
       turns_per_episode: episodes, mean actions per episode; episode_statuses: how many episodes
         ended each way (:data:`hindsight.rollout.episodes.STATUSES`).
       truncated: ``completions``, given completions cut to the response width.
+      selection: ``completions`` from the policy's samples: ``kept_fraction``, ``kept_length``
+        (NaN when nothing was kept), ``sampled_length``, ``sampled_reward``
+        (:class:`hindsight.rollout.completions.Selection`); None otherwise.
       source: ``gkd``, where the step's rows came from: ``"on_policy"``, ``"dataset"`` or
         ``"teacher"``.
+      recoverability: ``recoverability``, the replayed error states and their labels
+        (:func:`hindsight.rollout.recoverability.recoverability_stats`); None otherwise.
       engines: per engine (``main``; HDL adds ``reflection``): ``occupancy`` (fraction of slot-steps
         that decoded an active row), ``steps``, ``chunks``, ``prefills``, ``moves``, and host /
         device seconds (``refill_s``, ``decode_s``, ``harvest_s``).
@@ -125,6 +142,7 @@ class RolloutStats:
     branch_sources: list = dataclasses.field(default_factory=list)
     sample_texts: list[str] = dataclasses.field(default_factory=list)
     reflections: list[str] = dataclasses.field(default_factory=list)
+    generated_texts: list[str] = dataclasses.field(default_factory=list)
     trace: dict | None = None
     engines: dict = dataclasses.field(default_factory=dict)
     verifier_errors: int = 0
@@ -133,6 +151,8 @@ class RolloutStats:
     episode_statuses: dict = dataclasses.field(default_factory=dict)
     truncated: int = 0
     source: str | None = None
+    selection: dict | None = None
+    recoverability: dict | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -202,10 +222,35 @@ def teacher_recipe(method: Method) -> tuple:
 
 def check_contexts(method: Method) -> None:
     """Raise ValueError if ``method``'s teacher-context recipe names a part that is not
-    registered (:data:`hindsight.rollout.contexts.CONTEXT_PARTS`)."""
+    registered (:data:`hindsight.rollout.contexts.CONTEXT_PARTS`) or is a generated part
+    (:mod:`hindsight.rollout.generated`) on a rollout other than ``group`` (the one that writes
+    them), or, for completions from the policy's samples, if the sampling prompt's recipe names
+    a part that needs sampled rows or the selection rule is unknown (for generated completions:
+    the part or its selection rule)."""
     if "teacher" in method.contexts:
         parse_recipe(teacher_recipe(method), where=f"method_config.teacher_context of "
                                                    f"{method.name!r}")
+    if method.rollout == "recoverability":   # its branches are sampled under it before the batch
+        check_example_recipe(teacher_recipe(method), where="method_config.teacher_context")
+    if "teacher" in method.contexts and generated_parts(teacher_recipe(method)) \
+            and method.rollout != "group":
+        raise ValueError(f"method_config.teacher_context of {method.name!r} names generated "
+                         f"part(s) {list(generated_parts(teacher_recipe(method)))}, which only "
+                         f"the 'group' rollout writes (its rollout is {method.rollout!r})")
+    config = method.config
+    if method.rollout == "completions" and getattr(config, "completions", None) == "generated":
+        if config.generated_part not in GENERATORS.names():
+            raise ValueError(f"method_config.generated_part={config.generated_part!r} is no "
+                             f"generated context part; known: {GENERATORS.names()}")
+        if config.select not in PART_SELECTIONS:
+            raise ValueError(f"method_config.select={config.select!r} is no selection rule of "
+                             f"generated parts; known: {sorted(PART_SELECTIONS)}")
+    if method.rollout == "completions" and getattr(config, "completions", None) == "policy":
+        if config.sample_context:
+            check_example_recipe(config.sample_context, where="method_config.sample_context")
+        if config.select not in SELECTIONS:
+            raise ValueError(f"method_config.select={config.select!r} is no selection rule; "
+                             f"known: {sorted(SELECTIONS)}")
 
 
 def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Templates,
@@ -222,9 +267,13 @@ def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Tem
             out[name] = [ctx for g, ctx in zip(groups, per_group) for _ in range(g.size)]
         else:
             recipe = teacher_recipe(method)
-            rng = np.random.default_rng(seed)
+            # one generator per group, seeded by its number: a group's draws do not depend on
+            # the other groups of the call (a process samples only its share of them)
             views = [GroupView(example=g.example, texts=g.texts, rewards=g.rewards,
-                               feedback=g.feedback, templates=templates, rng=rng) for g in groups]
+                               feedback=g.feedback, templates=templates,
+                               rng=np.random.default_rng([seed, g.example_index]),
+                               generated={n: part.text for n, part in g.generated.items()})
+                     for g in groups]
             ids, row_mask = teacher_contexts(tokenizer, views, recipe)
             if always_available(recipe):
                 missing = np.nonzero(row_mask < 1)[0]
@@ -261,8 +310,8 @@ def _engine_stats(clock: PhaseClock) -> dict:
 
 def collect(method: Method, model, tokenizer, task, examples, *, key,
             sampling: SamplingParams, rollout: RolloutConfig = RolloutConfig(),
-            num_groups: int | None = None, pool=None,
-            teacher_model=None) -> tuple[dict, RolloutStats]:
+            num_groups: int | None = None, pool=None, teacher_model=None,
+            first_index: int = 0, gather=None) -> tuple[dict, RolloutStats]:
     """Sample, verify and assemble one training batch for ``method``.
 
     Args:
@@ -279,7 +328,16 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
       num_groups: ``P`` for ``dynamic`` (required); for the others None or ``len(examples)``.
       pool: an episode task's environments (:class:`hindsight.envs.EnvPool`, kept across calls
         by a training run); None: a pool of one worker per row for this call.
-      teacher_model: the external teacher, which samples GKD's ``seq_kd`` rows.
+      teacher_model: the external teacher, which samples GKD's ``seq_kd`` rows and
+        recoverability's branches (``teacher="external"``).
+      first_index: the number of ``examples[0]`` in the step's prompts (each request's key and
+        each group's random context choices are folded from its number, so a group's rows do not
+        depend on which process or batch samples it: a multi-process run passes each process's
+        offset).
+      gather: for batch-wide statistics in a multi-process run (TRL's batch-scaled advantages:
+        ``advantage_scale="batch"``), ``gather(rewards [B]) -> (every process's rewards, this
+        process's slice of them)`` (:func:`hindsight.train.multihost.gather_rows`); None: the
+        batch is the whole batch.
     Returns:
       ``(batch, stats)``: the batch of :mod:`hindsight.batch` (host numpy arrays, ``B = P
       * G`` rows, groups contiguous) with ``logp_old``, ``advantages`` and ``rewards`` (DAPO: shaped
@@ -297,31 +355,41 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         verifier = _NO_VERIFIER
         groups, rewards, advantages, extra = _play(method, model, tokenizer, task, examples,
                                                    key=key, params=params, rollout=rollout,
-                                                   clock=clock, pool=pool)
+                                                   clock=clock, pool=pool, first_index=first_index)
     else:
         with Verifier(task, tokenizer, workers=rollout.verify_workers) as verifier:
             groups, rewards, advantages, extra = _sample(method, model, tokenizer, verifier,
                                                          examples, key=key, params=params,
                                                          rollout=rollout, num_groups=num_groups,
-                                                         clock=clock, teacher_model=teacher_model)
+                                                         clock=clock, teacher_model=teacher_model,
+                                                         first_index=first_index)
     lengths = np.concatenate([grp.lengths for grp in groups])
     train_rewards = rewards
     if method.shape_rewards is not None:
         train_rewards = np.asarray(method.shape_rewards(rewards, lengths, config))
     if advantages is None:
-        advantages = np.asarray(group_advantages(
-            train_rewards, g, scale=getattr(config, "advantage_scale", "std")))
+        scale = getattr(config, "advantage_scale", "std")
+        if scale == "batch" and gather is not None:   # the std of every process's rewards
+            everyone, mine = gather(train_rewards)
+            advantages = np.asarray(group_advantages(everyone, g, scale=scale))[mine]
+        else:
+            advantages = np.asarray(group_advantages(train_rewards, g, scale=scale))
     batch = assemble(groups, advantages, train_rewards,
                      contexts=_contexts(method, tokenizer, groups, rollout.templates,
                                         seed=_seed(key)))
     extra.setdefault("sampled_groups", len(groups))
+    sampled = np.arange(len(rewards)) % g < method.samples_per_group
     stats = RolloutStats(
         rollout=method.rollout, num_groups=len(groups), group_size=g,
-        reward_mean=float(rewards.mean()), response_length_mean=float(lengths.mean()),
+        reward_mean=float(rewards[sampled].mean()),
+        response_length_mean=float(lengths[sampled].mean()),
         generated_tokens=[grp.generated_tokens for grp in groups], seconds=clock.seconds(),
         verifier_errors=verifier.errors, verify_worker_seconds=verifier.worker_seconds,
         phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
-        sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts], **extra)
+        sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts],
+        generated_texts=[f"{n}: {part.text}" for grp in groups
+                         for n, part in grp.generated.items()][:rollout.num_sample_texts],
+        **extra)
     return batch, stats
 
 
@@ -341,14 +409,15 @@ _NO_VERIFIER = _NoVerifier()
 
 
 def _play(method: Method, model, tokenizer, task, examples, *, key, params: SamplingParams,
-          rollout: RolloutConfig, clock: PhaseClock, pool):
+          rollout: RolloutConfig, clock: PhaseClock, pool, first_index: int = 0):
     """An episode task's groups: ``G`` episodes per example (HDL: a tree of episodes), one
     environment worker each."""
     tree = method.config if method.rollout == "hdl_tree" else None
     groups, played, infos = play(model, tokenizer, task, examples, key=key, params=params,
                                  group_size=method.group_size, options=rollout.episodes,
                                  slots=rollout.slots, chunk_steps=rollout.chunk_steps, clock=clock,
-                                 tree=tree, tree_options=rollout.tree, pool=pool)
+                                 tree=tree, tree_options=rollout.tree, pool=pool,
+                                 first_index=first_index)
     rewards = np.concatenate([grp.rewards for grp in groups])
     statuses = collections.Counter(ep.status for eps in played for ep in eps)
     extra = dict(turns_per_episode=float(np.mean([len(ep.actions) for eps in played
@@ -372,12 +441,12 @@ def _tree_extras(tokenizer, groups, infos, rollout: RolloutConfig) -> dict:
 
 def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, key,
             params: SamplingParams, rollout: RolloutConfig, num_groups, clock: PhaseClock,
-            teacher_model=None):
+            teacher_model=None, first_index: int = 0):
     """The method's rollout shape: ``(groups, verifier rewards [B], advantages [B] | None
     (group advantages of the shaped rewards, computed by the caller), stats extras)``."""
     config, g = method.config, method.group_size
     common = dict(key=key, params=params, slots=rollout.slots, chunk_steps=rollout.chunk_steps,
-                  clock=clock)
+                  clock=clock, first_index=first_index)
     extra = {}
     if method.rollout == "gkd":
         # TRL's GKD: with probability lmbda the student's own samples, else the dataset's
@@ -386,7 +455,8 @@ def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, k
         extra["source"] = "on_policy" if on_policy else "teacher" if config.seq_kd else "dataset"
         if extra["source"] == "dataset":
             groups, extra["truncated"] = given_completions(model, tokenizer, verifier, examples,
-                                                           params=params, clock=clock)
+                                                           params=params, clock=clock,
+                                                           first_index=first_index)
         else:
             if extra["source"] == "teacher" and teacher_model is None:
                 raise ValueError(f"method {method.name!r} with seq_kd=True samples from the "
@@ -395,10 +465,36 @@ def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, k
             sampler = model if on_policy else teacher_model
             groups = sample_groups(sampler, tokenizer, verifier, examples, group_size=1, **common)
         return groups, np.concatenate([grp.rewards for grp in groups]), None, extra
+    if method.rollout == "completions" and getattr(config, "completions", None) == "policy":
+        groups, selection = policy_completions(
+            model, tokenizer, verifier, examples, num_samples=config.num_samples,
+            sample_context=config.sample_context, select=config.select,
+            prompt_switch=config.prompt_switch, finished_only=config.finished_only,
+            templates=rollout.templates, **common)
+        extra["selection"] = dataclasses.asdict(selection)
+        return groups, np.concatenate([grp.rewards for grp in groups]), None, extra
+    if method.rollout == "completions" and getattr(config, "completions", None) == "generated":
+        groups, selection = generated_completions(
+            model, tokenizer, verifier, examples, num_samples=config.num_samples,
+            part=config.generated_part, select=config.select, finished_only=config.finished_only,
+            options=rollout.generated, templates=rollout.templates, **common)
+        extra["selection"] = dataclasses.asdict(selection)
+        return groups, np.concatenate([grp.rewards for grp in groups]), None, extra
     if method.rollout == "completions":
         groups, extra["truncated"] = given_completions(model, tokenizer, verifier, examples,
-                                                       params=params, clock=clock)
+                                                       params=params, clock=clock,
+                                                       first_index=first_index)
         return groups, np.concatenate([grp.rewards for grp in groups]), None, extra
+    if method.rollout == "recoverability":
+        groups, infos = sample_recoverability(
+            model, tokenizer, verifier, examples, config=config,
+            samples=method.samples_per_group, teacher_model=teacher_model,
+            templates=rollout.templates, **common)
+        extra["recoverability"] = recoverability_stats(infos)
+        rewards = np.concatenate([grp.rewards for grp in groups])
+        # no advantages: the method has no policy-gradient term, and a group's supervision rows
+        # are no samples of its prompt to baseline against
+        return groups, rewards, np.zeros_like(rewards), extra
     if method.rollout == "hdl_tree":
         groups, infos = sample_trees(model, tokenizer, verifier, examples, config=config,
                                      options=rollout.tree, **common)
@@ -408,7 +504,12 @@ def _sample(method: Method, model, tokenizer, verifier: Verifier, examples, *, k
         extra = _tree_extras(tokenizer, groups, infos, rollout)
     else:
         if method.rollout == "group":
-            groups = sample_groups(model, tokenizer, verifier, examples, group_size=g, **common)
+            parts = generated_parts(teacher_recipe(method)) if "teacher" in method.contexts else ()
+            writer = PartWriter(tokenizer, parts, params=params, key=key,
+                                options=rollout.generated, templates=rollout.templates,
+                                first_index=first_index, clock=clock) if parts else None
+            groups = sample_groups(model, tokenizer, verifier, examples, group_size=g,
+                                   writer=writer, **common)
         else:
             groups, counters = sample_dynamic(
                 model, tokenizer, verifier, examples, group_size=g, num_groups=num_groups,

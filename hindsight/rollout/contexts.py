@@ -13,6 +13,8 @@ it, so the loss leaves it out (SDPO's ``self_distillation_mask``).
     ("successful_peer|feedback",)     SDPO: a successful peer, else the verifier's feedback
     ("successful_peer", "reference")  HSD: a peer (if any) and the reference answer
     ("own_success|hint",)             H2SD: the row's own correct answer, else the hint
+    ("concise",)                      BIRD: question + the concise instruction
+    ("skill",)                        SEED: question + the skill the policy wrote for the group
 
 Parts (wording in :class:`hindsight.rollout.prompts.Templates`): ``reference`` (the example's
 reference answer), ``criteria`` (CriPO's criterion, OUR CHOICE: what a correct answer must
@@ -20,14 +22,26 @@ satisfy, built from the reference answer), ``hint`` (the same answer as a hint o
 (SDPO's rule: the first other row of the group with reward >= ``success_threshold``, thinking
 stripped), ``random_successful_peer`` (HSD's OUR CHOICE: one of them drawn uniformly from the
 rollout's seed), ``feedback`` (the verifier's feedback on a row that failed; none on a success),
-``own_success`` (the row's own response when it succeeded, with the rephrasing instruction).
-A researcher adds a part with ``@CONTEXT_PARTS.register("name")``.
+``own_success`` (the row's own response when it succeeded, with the rephrasing instruction),
+``concise`` (BIRD's concise instruction ``c``: every row has it, no reference answer needed),
+``few_shot`` (Neuron-OPSD's demonstrations: the questions and zero-shot responses its data
+selection attached to the example, :mod:`hindsight.rollout.neuron_selection`; none on an example
+without them), ``skill`` (SEED's: the skill the policy itself wrote from the group's finished
+trajectories during the rollout, a *generated* part, :mod:`hindsight.rollout.generated`; none on
+a group it wrote none for).
+A researcher adds a part with ``@CONTEXT_PARTS.register("name")``; a part the policy writes
+during the rollout also registers its generator in
+:data:`hindsight.rollout.generated.GENERATORS` under the same name.
+
+The parts of :data:`EXAMPLE_PARTS` read only the example, so a context made of them can be built
+before anything is sampled (:func:`teacher_context`): the ``completions`` rollout samples the
+policy under one (SFT on the policy's own samples, BIRD's stage 1).
 """
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -39,6 +53,11 @@ from hindsight.tasks import SUCCESS_REWARD, Example
 CONTEXT_PARTS = Registry("teacher context part")
 ANSWER_PARTS = ("reference", "criteria", "hint")
 """The parts built from the example's reference answer (every row has them when it has one)."""
+INSTRUCTION_PARTS = ("concise",)
+"""The parts every row has whatever its example: fixed instructions."""
+EXAMPLE_PARTS = ANSWER_PARTS + INSTRUCTION_PARTS
+"""The parts that read only the example, never the group's rows: every row of a group has them
+or none does, and a context made of them exists before anything is sampled."""
 REFERENCE_RECIPE = ("reference",)
 """The recipe of methods whose config names none: question + reference answer."""
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
@@ -53,6 +72,9 @@ class GroupView:
         the verifier rewards. feedback: the verifier's feedback per row.
       templates: the wording. rng: a generator seeded by the rollout (random choices).
       success_threshold: reward at or above which a row counts as a success.
+      generated: the texts the policy wrote about the group during the rollout, by generated
+        part (:mod:`hindsight.rollout.generated`: ``{"skill": ...}``); a part the group has none
+        of is absent.
     """
     example: Example
     texts: Sequence[str]
@@ -61,6 +83,7 @@ class GroupView:
     templates: Templates
     rng: np.random.Generator
     success_threshold: float = SUCCESS_REWARD
+    generated: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def successes(self, row: int) -> list[int]:
         """The other rows of the group that succeeded, in row order."""
@@ -123,6 +146,27 @@ def feedback(view: GroupView, row: int) -> str | None:
     return view.templates.feedback_part.format(feedback=text.strip())
 
 
+@CONTEXT_PARTS.register("concise")
+def concise(view: GroupView, row: int) -> str | None:
+    return view.templates.concise_part
+
+
+@CONTEXT_PARTS.register("few_shot")
+def few_shot(view: GroupView, row: int) -> str | None:
+    shots = view.example.extra("few_shot")
+    if not shots:
+        return None
+    examples = "\n\n".join(view.templates.few_shot_example.format(
+        question=question, response=strip_thinking(response)) for question, response in shots)
+    return view.templates.few_shot_part.format(examples=examples)
+
+
+@CONTEXT_PARTS.register("skill")
+def skill(view: GroupView, row: int) -> str | None:
+    text = view.generated.get("skill", "").strip()
+    return view.templates.skill_part.format(skill=text) if text else None
+
+
 @CONTEXT_PARTS.register("own_success")
 def own_success(view: GroupView, row: int) -> str | None:
     if not view.succeeded(row):
@@ -149,8 +193,9 @@ def parse_recipe(recipe, *, where: str = "teacher_context") -> tuple[tuple[str, 
 
 def always_available(recipe) -> bool:
     """Whether every row has a context under ``recipe`` when the examples have reference answers:
-    some item of it offers a part of :data:`ANSWER_PARTS`."""
-    return any(set(ANSWER_PARTS) & set(names) for names in parse_recipe(recipe))
+    some item of it offers a part of :data:`ANSWER_PARTS` or :data:`INSTRUCTION_PARTS`."""
+    return any(set(ANSWER_PARTS + INSTRUCTION_PARTS) & set(names)
+               for names in parse_recipe(recipe))
 
 
 def needs_answer(recipe) -> bool:
@@ -173,16 +218,29 @@ def row_context(view: GroupView, row: int, recipe) -> str | None:
                                              passages="\n\n".join(passages))
 
 
+def check_example_recipe(recipe, *, where: str = "recipe") -> None:
+    """Raise ValueError naming ``where`` unless ``recipe`` is a valid recipe of
+    :data:`EXAMPLE_PARTS` only (a context that exists before anything is sampled)."""
+    rowwise = sorted({n for names in parse_recipe(recipe, where=where) for n in names}
+                     - set(EXAMPLE_PARTS))
+    if rowwise:
+        raise ValueError(f"`{where}` names part(s) {rowwise}, which read the group's sampled rows; "
+                         f"a context built before sampling takes only {list(EXAMPLE_PARTS)}")
+
+
 def teacher_context(tokenizer, example: Example, *, index: int = 0,
-                    templates: Templates = Templates()) -> list[int]:
-    """Token ids of the privileged context of recipe ``("reference",)``: question + reference
-    answer (OPSD's teacher). ``index`` names the example in the error raised when it has none."""
+                    templates: Templates = Templates(), recipe=REFERENCE_RECIPE) -> list[int]:
+    """Token ids of the context of ``recipe`` built from the example alone (parts of
+    :data:`EXAMPLE_PARTS`): by default question + reference answer (OPSD's teacher); with
+    ``("concise",)`` question + concise instruction (BIRD's sampling prompt). ``index`` names the
+    example in the error raised when it has no reference answer the recipe needs."""
+    check_example_recipe(recipe)
     view = GroupView(example=example, texts=(), rewards=np.zeros(0), feedback=(),
                      templates=templates, rng=np.random.default_rng(0))
-    user = row_context(view, 0, REFERENCE_RECIPE)
+    user = row_context(view, 0, recipe)
     if user is None:
         raise ValueError(f"example {index} has no reference answer (answer={example.answer!r}); "
-                         f"the 'teacher' context of recipe ('reference',) needs one")
+                         f"the 'teacher' context of recipe {tuple(recipe)} needs one")
     return encode_prompt(tokenizer, user)
 
 

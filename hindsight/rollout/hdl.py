@@ -35,9 +35,9 @@ from hindsight.methods.hdl import HDLConfig
 from hindsight.rollout.assemble import GroupRows
 from hindsight.rollout.branching import (TreeLayout, branch_eligibility, choose_branch_points,
                                          tree_layout)
-from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, hindsight_context,
-                                       policy_prompt, reflection_turn)
-from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key
+from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, clip_tokens,
+                                       hindsight_context, policy_prompt, reflection_turn)
+from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key, round16
 from hindsight.rollout.verification import Checked, Verifier, decode
 from hindsight.sampling import SamplingParams, score_logprobs
 from hindsight.signals import hindsight_divergence_from_logprobs
@@ -93,11 +93,7 @@ class TreeOptions:
     def clip_feedback(self, tokenizer, text: str) -> str:
         """``text`` cut to :attr:`feedback_max_tokens` tokens of ``tokenizer`` (the last one an
         ellipsis when cut)."""
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) <= self.feedback_max_tokens:
-            return text
-        keep = self.feedback_max_tokens - len(tokenizer.encode("...", add_special_tokens=False))
-        return tokenizer.decode(ids[:max(keep, 0)]) + "..."
+        return clip_tokens(tokenizer, text, self.feedback_max_tokens)
 
     def reflection_cap(self, max_new_tokens: int) -> int:
         """The reflection cap for responses of at most ``max_new_tokens`` tokens."""
@@ -153,24 +149,23 @@ class _Tree:
 def _template_overhead(examples, trees, build) -> int:
     """Tokens a template adds around the question (the most over ``examples``), rounded up to a
     multiple of 16 so that tokenisation differences at the seams do not change it."""
-    return _round16(max(len(build(ex)) - len(t.prompt) for ex, t in zip(examples, trees)))
-
-
-def _round16(n: int) -> int:
-    return -(-max(int(n), 0) // 16) * 16
+    return round16(max(len(build(ex)) - len(t.prompt) for ex, t in zip(examples, trees)))
 
 
 def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Example], *, key,
                  params: SamplingParams, config: HDLConfig, options: TreeOptions = TreeOptions(),
                  slots: int | None = None, chunk_steps: int = 16,
-                 clock: PhaseClock | None = None) -> tuple[list[GroupRows], list[TreeInfo]]:
+                 clock: PhaseClock | None = None,
+                 first_index: int = 0) -> tuple[list[GroupRows], list[TreeInfo]]:
     """Sample one HDL tree per example.
 
     Args:
       verifier: checks roots (their verdicts feed the reflections) and the finished trees' rows
         while other trees decode.
       examples: P examples.
-      key: PRNG key; every request's key is folded from it along ``(prompt, stage, root)``.
+      key: PRNG key; every request's key is folded from it along ``(prompt, stage, root)``, the
+        prompt numbered from ``first_index`` (the offset of ``examples[0]`` in the caller's
+        numbering), so a tree does not depend on which batch or process samples it.
       params: sampling parameters of roots, reflections and continuations (stop tokens included);
         ``T = params.max_new_tokens``.
       config: the HDL method config (roots, points, counts, tail guard, ``d_min`` rule).
@@ -190,7 +185,7 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
     # The scoring shape is sized from the longest policy prompt and the template's overhead, each
     # rounded up to a multiple of 16: calls whose questions differ by a few tokens then share one
     # compiled shape.
-    question = _round16(max(len(t.prompt) for t in trees))
+    question = round16(max(len(t.prompt) for t in trees))
     h_floor = question + h_cap + options.feedback_max_tokens + _template_overhead(
         examples, trees, lambda ex: hindsight_context(
             tokenizer, ex, "", [], max_reflection_tokens=0, templates=options.templates))
@@ -231,7 +226,7 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
                                      f"({engine.max_len}) for a reflection")
                 turns.append(ids), caps.append(min(refl_cap, room))
             engine.submit_extend(res, np.arange(n_roots), turns, max_new_tokens=caps,
-                                 row_keys=jnp.stack([request_key(key, k, _REFLECT, r)
+                                 row_keys=jnp.stack([request_key(key, first_index + k, _REFLECT, r)
                                                      for r in range(n_roots)]),
                                  tag=(_REFLECT, k))
 
@@ -294,10 +289,11 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
         if rows:
             tree.waiting += 1
             engine.submit_branch(roots, np.array(rows), np.array(positions), np.array(counts),
-                                 key=request_key(key, k, _BRANCH), tag=(_BRANCH, k))
+                                 key=request_key(key, first_index + k, _BRANCH), tag=(_BRANCH, k))
         if fresh:
             tree.waiting += 1
-            engine.submit(tree.prompt, num_samples=fresh, key=request_key(key, k, _FRESH),
+            engine.submit(tree.prompt, num_samples=fresh,
+                          key=request_key(key, first_index + k, _FRESH),
                           tag=(_FRESH, k))
 
     def on_part(stage, k, res):
@@ -342,7 +338,7 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
         rewards, texts = checked.rewards, checked.texts
         refl_len = np.array([len(tree.reflections[r][0]) for r in range(n_roots)], np.int32)
         generated = int((lengths - layout.position).sum() + refl_len.sum())
-        row = GroupRows(example=examples[k], example_index=k, prompt=tree.prompt, tokens=tokens,
+        row = GroupRows(example=examples[k], example_index=first_index + k, prompt=tree.prompt, tokens=tokens,
                         lengths=lengths, logprobs=logprobs, policy_logprobs=policy_lp, loss_mask=loss_mask,
                         rewards=rewards, branch_positions=layout.position, texts=texts,
                         feedback=checked.feedback, generated_tokens=generated, hindsight=[tree.h[r] for r in layout.root])
@@ -361,7 +357,7 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
             on_part(tag[0], tag[1], res)
 
     for k, tree in enumerate(trees):
-        engine.submit(tree.prompt, num_samples=n_roots, key=request_key(key, k, _ROOTS),
+        engine.submit(tree.prompt, num_samples=n_roots, key=request_key(key, first_index + k, _ROOTS),
                       keep_cache=True, tag=(_ROOTS, k))
     clock.run([engine], on_result, verifier)
     return [groups[k] for k in range(len(trees))], [infos[k] for k in range(len(trees))]

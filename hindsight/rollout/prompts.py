@@ -36,7 +36,18 @@ class Templates:
       reference_part, hint_part, criteria_part: ``{answer}``; peer_part (a successful peer's
         response, SDPO's "Correct solution"), own_success_part (the row's own verified answer,
         H2SD's rephrasing): ``{solution}``; feedback_part: ``{feedback}``.
+      concise_part: BIRD's concise instruction ``c`` (no fields; OUR CHOICE: the seed quotes it
+        only as "answer concisely"; this wording names what a concise solution leaves out).
+      few_shot_part: Neuron-OPSD's demonstrations, ``{examples}`` (each a ``few_shot_example``:
+        ``{question}``, ``{response}``; OUR CHOICE: the spec says only "few-shot demonstrations").
       probe: user turn of the reference-only context: ``{answer}``.
+      skill_request: the user turn after a finished answer asking the policy for a skill (SEED's
+        analyzer; OUR CHOICE wording, the spec says only "writing skills from its own completed
+        trajectories"): ``{verdict}``, one of ``skill_correct`` (a verified answer, no failure
+        in its group), ``skill_contrast`` (a verified answer whose group also holds a failed
+        attempt: ``{feedback}``, the verifier's on it) or ``skill_failed`` (a failed answer:
+        ``{feedback}``). :mod:`hindsight.rollout.generated` picks the answer and the verdict.
+      skill_part: the teacher-context passage of a written skill: ``{skill}``.
     """
     reflection: str = "Feedback: {feedback}. Root cause, fix, first step to change?"
     hindsight: str = ("{question}\n\nFeedback on an earlier attempt: {feedback}\n\n"
@@ -52,7 +63,18 @@ class Templates:
     feedback_part: str = "The following is feedback from your unsuccessful earlier attempt:\n{feedback}"
     own_success_part: str = ("Your earlier answer, verified correct:\n{solution}\n\n"
                              "Rephrase this answer in your own words.")
+    concise_part: str = ("Be concise: use as few steps as the problem needs, without restating "
+                         "the question, repeating yourself or re-checking finished steps.")
+    few_shot_part: str = "Here are similar questions, each with an answer:\n\n{examples}"
+    few_shot_example: str = "Question: {question}\nAnswer: {response}"
     probe: str = "Here is a reference solution:\n{answer}"
+    skill_request: str = ("{verdict} In one or two sentences, state a reusable skill that would "
+                          "make a failed attempt at a question like this one succeed.")
+    skill_correct: str = "This answer is verified correct."
+    skill_contrast: str = ("This answer is verified correct; another attempt failed "
+                           "({feedback}).")
+    skill_failed: str = "This answer failed ({feedback})."
+    skill_part: str = "A skill for questions like this one:\n{skill}"
 
 
 def policy_prompt(tokenizer, example: Example) -> list[int]:
@@ -99,6 +121,16 @@ def followup_turn(tokenizer, user: str, *, first: str = "question") -> list[int]
                          "turn's prompt followed by the answer; continuing an answer from its cache "
                          "(reflections, episode turns) needs one that does")
     return [int(i) for i in tokenizer.encode(whole[len(prompt + sentinel):], add_special_tokens=False)]
+
+
+def clip_tokens(tokenizer, text: str, max_tokens: int) -> str:
+    """``text`` cut to ``max_tokens`` tokens of ``tokenizer``, the last of them an ellipsis when
+    cut (verifier feedback before it enters a follow-up turn or a context sized for it)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= max_tokens:
+        return text
+    keep = max_tokens - len(tokenizer.encode("...", add_special_tokens=False))
+    return tokenizer.decode(ids[:max(keep, 0)]) + "..."
 
 
 def hindsight_context(tokenizer, example: Example, feedback: str, reflection: list[int], *,

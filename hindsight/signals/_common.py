@@ -49,6 +49,16 @@ def masked_sum_count(per_token: jax.Array, valid: jax.Array) -> tuple[jax.Array,
     return total, jnp.sum(valid.astype(jnp.float32))
 
 
+def sdar_per_token(gate, teacher_logp, student_logp, valid: jax.Array) -> jax.Array:
+    """Per-token SDAR loss ``sg(g) (sg(logp_T) - logp_S)`` (``compute_sdar_loss``), ``[B, T]``
+    float32: its value is ``g (logp_T - logp_S)``, its gradient ``-g grad logp_S``; masked
+    positions are selected away before anything else (0 there)."""
+    sg = jax.lax.stop_gradient
+    g = sg(jnp.where(valid, as_f32(gate), 0.0))
+    ls = jnp.where(valid, as_f32(student_logp), 0.0)
+    return g * (sg(jnp.where(valid, as_f32(teacher_logp), 0.0)) - ls)
+
+
 def check_pair(name_a: str, logits_a, name_b: str, logits_b, tokens, mask) -> None:
     """Validate ``[B, T, V]`` logits pairs with ``tokens [B, T]`` and ``mask [B, T]``."""
     check_rank(name_a, logits_a, rank=3)

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from hindsight._validation import (check_choice, check_group_size, check_rank, check_same_shape,
                                    shape_of)
 from hindsight.ops import carry_nonfinite
-from hindsight.signals._common import as_f32, as_valid, masked_sum_count, realised_logprobs
+from hindsight.signals._common import (as_f32, as_valid, masked_sum_count, realised_logprobs,
+                                       sdar_per_token)
 
 LOG_RATIO_CLIP = 20.0
 """``|logp_ref - logp_S|`` is clipped here before ``exp`` (verl's k3 convention)."""
@@ -129,10 +130,8 @@ def _weighted_sampled_rkl(weight, gap, student_logp, valid) -> jax.Array:
 def _sdar_gated(gate, gap, student_logp, valid) -> jax.Array:
     """Per-token SDAR loss ``sg(g) (sg(logp_T) - logp_S)`` (``compute_sdar_loss``; its value is
     ``g D`` and its gradient ``-g grad logp_S``), masked positions selected away first."""
-    g = jax.lax.stop_gradient(jnp.where(valid, as_f32(gate), 0.0))
     ls = jnp.where(valid, as_f32(student_logp), 0.0)
-    teacher = jax.lax.stop_gradient(jnp.where(valid, as_f32(gap), 0.0) + ls)
-    return g * (teacher - ls)
+    return sdar_per_token(gate, jnp.where(valid, as_f32(gap), 0.0) + ls, student_logp, valid)
 
 
 class ControllerState(NamedTuple):

@@ -24,7 +24,7 @@ from hindsight._validation import (check_choice, check_rank, check_same_shape, c
                                    shape_of)
 from hindsight.ops import kl, token_logprobs
 from hindsight.signals._common import (as_f32, as_valid, masked_sum_count, realised_logprobs,
-                                       valid_logits)
+                                       sdar_per_token, valid_logits)
 
 _DEN_EPS = 1e-12
 
@@ -163,13 +163,15 @@ def pcsd_loss(gate: jax.Array, student_logp: jax.Array, mask: jax.Array, *, loss
       mask: ``[B, T]`` bool or 0/1 float.
       loss: ``"nll"`` [BRIEF default]: ``-logp_S``; ``"rkl"`` (SDAR's best): the full-vocabulary
         reverse KL ``KL(S || T)`` per position, passed as ``reverse_kl``; ``"rkl_sampled"``: the
-        sampled-token reverse KL ``sg(lS - lT) * lS``, needs ``teacher_logp``.
-      teacher_logp: ``[B, T]`` realised-token teacher log-probs (``"rkl_sampled"`` only).
+        sampled-token reverse KL ``sg(lS - lT) * lS``, needs ``teacher_logp``; ``"sdar"``:
+        SDAR's ``compute_sdar_loss`` term ``sg(lT) - lS`` (the gated value ``g (lT - lS)``, the
+        gradient of ``"nll"``; SEED's ``L_OPD``), needs ``teacher_logp``.
+      teacher_logp: ``[B, T]`` realised-token teacher log-probs (``"rkl_sampled"``, ``"sdar"``).
       reverse_kl: ``[B, T]`` per-position ``KL(S || T)`` with gradient (``"rkl"`` only).
     Returns:
       ``(sum, count)`` float32 scalars.
     """
-    check_choice("loss", loss, ("nll", "rkl", "rkl_sampled"))
+    check_choice("loss", loss, ("nll", "rkl", "rkl_sampled", "sdar"))
     check_same_shape(("gate", "student_logp"), gate, student_logp)
     valid = as_valid(mask, gate, like_name="gate")
     ls = jnp.where(valid, as_f32(student_logp), 0.0)
@@ -182,8 +184,10 @@ def pcsd_loss(gate: jax.Array, student_logp: jax.Array, mask: jax.Array, *, loss
         per_token = jnp.where(valid, as_f32(reverse_kl), 0.0)
     else:
         if teacher_logp is None:
-            raise ValueError('`teacher_logp` [B, T] is required with loss="rkl_sampled"')
+            raise ValueError(f'`teacher_logp` [B, T] is required with loss="{loss}"')
         check_same_shape(("teacher_logp", "gate"), teacher_logp, gate)
+        if loss == "sdar":
+            return masked_sum_count(sdar_per_token(gate, teacher_logp, student_logp, valid), valid)
         lt = jnp.where(valid, as_f32(teacher_logp), 0.0)
         per_token = jax.lax.stop_gradient(ls - lt) * ls
     return masked_sum_count(jax.lax.stop_gradient(as_f32(gate)) * per_token, valid)
@@ -213,7 +217,7 @@ def persistence_loss(teacher_logits: jax.Array, student_logits: jax.Array, token
     if loss == "rkl":
         return pcsd_loss(gate, ls, mask, loss=loss,
                          reverse_kl=kl(student_logits, teacher, vocab_mask=vocab_mask))
-    if loss == "rkl_sampled":
+    if loss in ("rkl_sampled", "sdar"):
         return pcsd_loss(gate, ls, mask, loss=loss,
                          teacher_logp=token_logprobs(teacher, tokens, vocab_mask=vocab_mask))
     return pcsd_loss(gate, ls, mask, loss=loss)

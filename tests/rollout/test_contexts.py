@@ -149,3 +149,29 @@ def test_a_reference_recipe_on_an_example_without_an_answer_is_refused(model, to
                       generated_tokens=2, feedback=["", ""])
     with pytest.raises(ValueError, match="example 7 has no reference answer"):
         _contexts(method, tokenizer, [group], Templates(), seed=0)
+
+
+def test_concise_part_is_the_question_and_the_instruction_on_every_row(model, tokenizer):
+    """BIRD's teacher context: question + the concise instruction, on every row (successes and
+    failures alike), needing no reference answer; OPSD's batch then carries no row mask and its
+    teacher tokens are that context."""
+    recipe = ("concise",)
+    want = T.instruction.format(question=EX.prompt, passages=T.concise_part)
+    v = view([1, 0])
+    assert [row_context(v, r, recipe) for r in range(2)] == [want, want]
+    no_answer = Example(prompt=EX.prompt, answer=None)
+    assert teacher_context(tokenizer, no_answer, recipe=recipe) == encode_prompt(tokenizer, want)
+    ids, keep = teacher_contexts(tokenizer, [view([1, 0]), view([0, 0])], recipe)
+    np.testing.assert_array_equal(keep, [1, 1, 1, 1])
+    with pytest.raises(ValueError, match=r"part\(s\) \['feedback'\], which read the group's"):
+        teacher_context(tokenizer, EX, recipe=("concise", "feedback"))
+    exs = [Example(prompt="q0?", answer=None, data=("mixed",)),
+           Example(prompt="q1?", answer=None, data=("zero",))]
+    batch, _ = collect(configured("opsd", group_size=2, temperature=1.1, teacher_context=recipe),
+                       model, tokenizer, ScriptedTask(), exs, key=jax.random.key(0),
+                       sampling=SamplingParams(max_new_tokens=4, temperature=1.1))
+    assert "teacher_row_mask" not in batch
+    for i in range(4):
+        ctx = encode_prompt(tokenizer, T.instruction.format(question=exs[i // 2].prompt,
+                                                           passages=T.concise_part))
+        np.testing.assert_array_equal(batch["teacher_tokens"][i, :len(ctx)], ctx)
