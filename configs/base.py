@@ -45,8 +45,8 @@ def _optional_type(hint):
     """``int | None`` -> ``int`` (for a typed placeholder), else None."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
+        if len(args) == 1:   # ``tuple[int, ...] | None`` -> ``tuple``
+            return typing.get_origin(args[0]) or args[0]
     return None
 
 

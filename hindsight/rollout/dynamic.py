@@ -29,7 +29,8 @@ from hindsight.sampling import SamplingParams
 def sample_dynamic(model, tokenizer, verifier: Verifier, examples: Iterable, *, key, params: SamplingParams,
                    group_size: int, num_groups: int, max_num_gen_batches: int,
                    slots: int | None = None, chunk_steps: int = 16,
-                   clock: PhaseClock | None = None) -> tuple[list[GroupRows], dict]:
+                   clock: PhaseClock | None = None,
+                   first_index: int = 0) -> tuple[list[GroupRows], dict]:
     """Dynamic sampling over consecutive batches of ``num_groups`` examples from ``examples``.
 
     Args:
@@ -37,6 +38,8 @@ def sample_dynamic(model, tokenizer, verifier: Verifier, examples: Iterable, *, 
         ``num_groups`` of them.
       num_groups: ``P``, mixed groups wanted.
       max_num_gen_batches: cap on generation batches (<= 0: unlimited, until ``examples`` ends).
+      first_index: the number of the stream's first example (sampled examples are numbered on
+        from it; request keys are folded from the numbers).
       Other arguments as :func:`hindsight.rollout.group.sample_groups`.
     Returns:
       ``(groups, info)``: exactly ``P`` groups (mixed ones first, in sampling order, then fillers);
@@ -56,7 +59,7 @@ def sample_dynamic(model, tokenizer, verifier: Verifier, examples: Iterable, *, 
             break
         groups = sample_groups(model, tokenizer, verifier, chunk, key=key, params=params,
                                group_size=group_size, slots=slots, chunk_steps=chunk_steps,
-                               clock=clock, first_index=sampled)
+                               clock=clock, first_index=first_index + sampled)
         batches += 1
         sampled += len(chunk)
         mixed = np.asarray(keep_groups(np.concatenate([g.rewards for g in groups]), group_size))

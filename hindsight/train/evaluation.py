@@ -48,11 +48,12 @@ class Samples:
 def sample_rewards(model, tokenizer, task, examples: Sequence[Example], *, key,
                    params: SamplingParams, samples: int, slots: int | None = None,
                    chunk_steps: int = 16, verify_workers: int = 4, block: int | None = None,
-                   progress: bool = False, desc: str = "eval") -> Samples:
+                   progress: bool = False, desc: str = "eval", first_index: int = 0) -> Samples:
     """``samples`` responses per example under ``params`` (stop tokens included), verified.
 
     Args:
-      key: request ``k`` (example ``k``) uses ``fold_in(key, k)`` whatever ``block`` is.
+      key: request ``k`` (example ``k``) uses ``fold_in(key, first_index + k)`` whatever
+        ``block`` is (``first_index``: the number of ``examples[0]`` in the caller's list).
       block: examples per engine run (None: all at once); a progress bar (``progress``) advances
         per block.
     """
@@ -71,7 +72,7 @@ def sample_rewards(model, tokenizer, task, examples: Sequence[Example], *, key,
             part = list(examples[first:first + block])
             groups += sample_groups(model, tokenizer, verifier, part, key=key, params=params,
                                     group_size=samples, slots=slots, chunk_steps=chunk_steps,
-                                    clock=clock, first_index=first)
+                                    clock=clock, first_index=first_index + first)
             if bar is not None:
                 bar.update(len(part))
                 bar.set_postfix(reward=f"{np.mean([g.rewards.mean() for g in groups]):.3f}")

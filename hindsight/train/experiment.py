@@ -12,13 +12,19 @@ or compiled::
                       overlong window, Dr.GRPO's normaliser) are None in the config files and
                       derived from the rollout section after the command line is applied; the
                       resolved values are what ``config.json`` shows
-    model.*           embedded model name or path, dtype, layer scan, remat
+    model.*           embedded model name (or a config-only entry, for ``--dry_run``) or path,
+                      activation and parameter dtypes, layer scan, remat
     teacher.model.*   an external teacher beside the policy (methods with teacher="external")
     task.*            task registry name and its constructor options
     rollout.*         prompts per step, group size, sampling parameters, engine slots
     train.*           rollouts, PPO epochs and mini-batches, micro-batches, LM-head backend,
-                      reference copy, optimizer, mesh, checkpoints
+                      reference copy and its dtype, optimizer (moment dtype, master weights),
+                      mesh, checkpoints
     eval.*            held-out reward: how often, how many examples, temperature
+    distributed.*     joining a multi-process run (``jax.distributed``): ``auto`` detection on
+                      TPU pods, SLURM, Open MPI and Kubernetes, or an explicit coordinator
+                      address, process count and process id; read by the launcher before
+                      anything touches the JAX backend (:func:`initialize_from_config`)
     seed              every random draw of the run derives from it
 
 The sections are small frozen dataclasses; their fields and defaults are the documentation.
@@ -33,7 +39,7 @@ from collections.abc import Mapping
 
 from hindsight._validation import check_choice
 from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT
-from hindsight.train.mesh import MeshConfig
+from hindsight.train.mesh import DistributedConfig, MeshConfig, initialize_distributed
 from hindsight.train.optim import OptimConfig
 
 DTYPES = ("float32", "bfloat16")
@@ -58,19 +64,25 @@ def _positive_int(where: str, v) -> None:
 class ModelSection:
     """``name``: a registry name (``hindsight.models.load``), an HF folder, a ``.gguf`` path, or
     ``"tiny-random"`` (a 2-layer random decoder over a 128-id character tokenizer, for tests).
-    ``dtype``: activation dtype (parameters stay float32). ``remat``: rematerialise each layer in
-    the backward pass (the train step's activation memory drops to one layer's). ``init_from``: a
-    run directory whose latest checkpoint's params start this run (the previous stage of a
-    multi-stage experiment, :mod:`hindsight.train.stages`; its ``model.name`` must be this one's);
-    a run that has checkpoints of its own resumes from them instead."""
+    ``dtype``: activation dtype. ``param_dtype``: storage dtype of the parameters (and of their
+    gradients): ``"bfloat16"`` halves them, and the optimizer then keeps a float32 master copy
+    (``train.optim.master_weights``) so updates are applied in float32. ``remat``: rematerialise
+    each layer in the backward pass (the train step's activation memory drops to one layer's).
+    ``init_from``: a run directory whose latest checkpoint's params start this run (the previous
+    stage of a multi-stage experiment, :mod:`hindsight.train.stages`; its ``model.name`` must be
+    this one's); a run that has checkpoints of its own resumes from them instead. The
+    config-only entries ``qwen3-8b`` and ``llama-3.1-8b`` (no weights) serve ``--dry_run``
+    (:mod:`hindsight.train.dry_run`) and are refused by a run."""
     name: str = "smollm2-135m-instruct"
     dtype: str = "float32"
+    param_dtype: str = "float32"
     scan_layers: bool = True
     remat: bool = True
     init_from: str | None = None
 
     def __post_init__(self):
         check_choice("model.dtype", self.dtype, DTYPES)
+        check_choice("model.param_dtype", self.param_dtype, DTYPES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +122,9 @@ class RolloutSection:
     temperature (checked). ``slots``: engine slot batch (None: ``min(rows, 64)``).
     ``reflection_max_tokens`` / ``hindsight_reflection_tokens``: HDL's reflection caps;
     ``feedback_max_tokens``: the verifier feedback is cut to this many tokens in HDL's reflection
-    turn and hindsight context (:class:`hindsight.rollout.TreeOptions`). ``verify_workers``:
+    turn and hindsight context (:class:`hindsight.rollout.TreeOptions`) and in the turn asking
+    for a generated context part; ``generated_max_tokens``: the cap on each such part the policy
+    writes during the rollout (SEED's skills, :mod:`hindsight.rollout.generated`). ``verify_workers``:
     threads checking responses while the engine keeps decoding (0: inline;
     :mod:`hindsight.rollout.verification`). Episode tasks (:mod:`hindsight.tasks.episodic`):
     ``max_new_tokens`` caps one turn, ``episode_tokens`` the whole episode after the first prompt
@@ -129,6 +143,7 @@ class RolloutSection:
     reflection_max_tokens: int = 256
     hindsight_reflection_tokens: int = 256
     feedback_max_tokens: int = 16
+    generated_max_tokens: int = 48
     verify_workers: int = 4
     max_turns: int = 8
     episode_tokens: int = 1024
@@ -138,7 +153,8 @@ class RolloutSection:
     def __post_init__(self):
         for name in ("prompts_per_step", "max_new_tokens", "chunk_steps",
                      "reflection_max_tokens", "hindsight_reflection_tokens",
-                     "feedback_max_tokens", "max_turns", "episode_tokens"):
+                     "feedback_max_tokens", "generated_max_tokens", "max_turns",
+                     "episode_tokens"):
             _positive_int(f"rollout.{name}", getattr(self, name))
         for name in ("group_size", "slots"):
             if getattr(self, name) is not None:
@@ -166,7 +182,10 @@ class TrainSection:
     :class:`~hindsight.methods.LMHead`), ``lm_head_chunk_size`` its rows per block (None: the
     backend's default). ``reference``: ``"auto"`` keeps a frozen copy of the initial params when
     the method's config needs one and none otherwise; ``"none"``, ``"frozen"``, ``"ema"`` (decay
-    ``ema_decay``, applied after every optimizer update) force it. ``optim`` (its schedule counts
+    ``ema_decay``, applied after every optimizer update) force it. ``reference_dtype``: the
+    reference copy's storage dtype (None: the params' ``model.param_dtype``, float32 for an EMA;
+    ``"bfloat16"`` halves a frozen reference, which only runs forward passes; an EMA is refused
+    in bfloat16, where its ``1 - ema_decay`` steps round away). ``optim`` (its schedule counts
     optimizer updates) and ``mesh`` are :class:`~hindsight.train.OptimConfig` and
     :class:`~hindsight.train.MeshConfig`. Checkpoints every ``save_every`` rollouts (and at the
     end, and on Ctrl-C), the newest ``max_to_keep`` kept. An optimizer update whose loss or
@@ -179,6 +198,7 @@ class TrainSection:
     lm_head: str = LM_HEAD_DEFAULT
     lm_head_chunk_size: int | None = None
     reference: str = "auto"
+    reference_dtype: str | None = None
     ema_decay: float = 0.99
     optim: OptimConfig = OptimConfig()
     mesh: MeshConfig = MeshConfig()
@@ -194,6 +214,8 @@ class TrainSection:
             _positive_int("train.lm_head_chunk_size", self.lm_head_chunk_size)
         check_choice("train.lm_head", self.lm_head, LM_HEAD_BACKENDS)
         check_choice("train.reference", self.reference, REFERENCE_CHOICES)
+        if self.reference_dtype is not None:
+            check_choice("train.reference_dtype", self.reference_dtype, DTYPES)
         if not 0.0 <= self.ema_decay <= 1.0:
             raise ValueError(f"train.ema_decay must be in [0, 1], got {self.ema_decay}")
 
@@ -235,6 +257,7 @@ class ExperimentConfig:
     rollout: RolloutSection = RolloutSection()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
+    distributed: DistributedConfig = DistributedConfig()
     seed: int = 0
     num_sample_texts: int = 4
 
@@ -245,7 +268,11 @@ class ExperimentConfig:
 # Keys a resumed run may change: they do not alter the state, the data or the updates.
 RESUMABLE_KEYS = ("train.num_steps", "train.save_every", "train.max_to_keep",
                   "train.max_nonfinite_updates", "eval.every", "eval.num_examples",
-                  "num_sample_texts")
+                  "num_sample_texts") + tuple(
+    f"distributed.{f.name}" for f in dataclasses.fields(DistributedConfig))
+"""A preempted run may come back on other hosts (another coordinator address, process ids):
+the data order and the updates do not depend on them (DAPO's dynamic sampling excepted: each
+process filters its own share of the stream)."""
 
 
 def _plain(value):
@@ -364,8 +391,8 @@ def _resolve(config, num_devices, process_count) -> Experiment:
                          f"train.reference={t.reference!r} keeps none")
     external = getattr(method.config, "teacher", None) == "external"
     if external and exp.teacher.model.name is None:
-        raise ValueError(f"method_config.teacher='external' needs an external teacher: set "
-                         f"teacher.model.name")
+        raise ValueError("method_config.teacher='external' needs an external teacher: set "
+                         "teacher.model.name")
     if exp.teacher.model.name is not None and not external:
         raise ValueError(f"teacher.model.name={exp.teacher.model.name!r} is set but method "
                          f"{exp.method!r} does not read it (method_config.teacher="
@@ -373,6 +400,15 @@ def _resolve(config, num_devices, process_count) -> Experiment:
     if method.config.needs_frozen_reference and reference != "frozen":
         raise ValueError(f"method {exp.method!r} reads the reference as the frozen initial policy; "
                          f"train.reference={t.reference!r} would move it (use 'frozen' or 'auto')")
+    if reference == "ema" and t.reference_dtype == "bfloat16":
+        raise ValueError(f"train.reference_dtype='bfloat16' with an EMA reference (train.reference="
+                         f"{t.reference!r}): each update moves it by 1 - train.ema_decay = "
+                         f"{1 - t.ema_decay:.3g} of the difference, which rounds away in bfloat16; "
+                         f"use 'float32' (or a frozen reference)")
+    if t.reference_dtype is None:  # resolved, so config.json shows the dtype the run keeps
+        t = dataclasses.replace(t, reference_dtype="float32" if reference == "ema"
+                                else exp.model.param_dtype)
+        exp = dataclasses.replace(exp, train=t)
     num_devices = jax.device_count() if num_devices is None else num_devices
     process_count = jax.process_count() if process_count is None else process_count
     mesh = t.mesh.resolve(num_devices)
@@ -402,8 +438,31 @@ def flatten(d: Mapping, prefix: str = "") -> dict:
 
 def config_differences(saved: Mapping, current: Mapping) -> list[str]:
     """Dotted keys whose values differ between two resolved configs (``RESUMABLE_KEYS`` ignored),
-    compared as JSON so tuples and lists are equal."""
+    compared as JSON so tuples and lists are equal. A key the saved config lacks (written before
+    the key existed) differs only when the current value is not the key's default, so a run
+    started by an older version resumes unless a new option changes what it computes."""
     a, b = flatten(saved), flatten(current)
     norm = lambda v: json.dumps(v, sort_keys=True)
+    defaults = flatten(ExperimentConfig().to_dict())
     keys = sorted((set(a) | set(b)) - set(RESUMABLE_KEYS))
-    return [k for k in keys if norm(a.get(k)) != norm(b.get(k))]
+    return [k for k in keys if norm(a.get(k, defaults.get(k))) != norm(b.get(k))]
+
+
+def initialize_from_config(config) -> bool:
+    """Join the multi-process run the config's ``distributed`` section describes (nothing when it
+    asks for none): the launcher calls it first, before anything touches the JAX backend (which
+    :func:`resolve` does, to count devices). Only that section is read, and validated with errors
+    naming its keys. Returns True when a multi-process runtime is (now) running.
+
+    Raises:
+      ConfigError for a bad ``distributed`` section.
+    """
+    import jax
+    section = _plain(config).get("distributed") or {}
+    try:
+        distributed = _build(DistributedConfig, section, "distributed.")
+    except (ValueError, TypeError) as e:
+        raise ConfigError(e.args[0] if e.args else str(e)) from e
+    if jax.distributed.is_initialized():
+        return True
+    return initialize_distributed(distributed)

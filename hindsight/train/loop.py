@@ -23,16 +23,22 @@ reference after every update. The run directory holds:
 * ``updates.jsonl`` + TensorBoard ``update/*`` — per optimizer update: ``step``, ``update``,
   ``epoch``, ``minibatch`` and the update's loss metrics (``ratio``, clip fractions, ...);
 * ``samples.jsonl`` — per step a few decoded responses (HDL: reflections, branch points and one
-  root's per-token hindsight scores);
+  root's per-token hindsight scores; SEED: a few of the skills the policy wrote, ``generated``);
 * ``checkpoints/`` — orbax checkpoints (state incl. optimizer, RNG, reference and method state)
   at step boundaries: every ``train.save_every`` steps, at the end, and when the run is
   interrupted. A resumed run restarts at the step after the last checkpoint, so it is exact
   (tested bit for bit with several updates per step);
-* ``summary.json`` — per-metric last / mean / min / max.
+* ``summary.json`` — per-metric last / mean / min / max;
+* ``prepare/<name>.json`` — a method's preparation result (:mod:`hindsight.rollout.prepare`:
+  Neuron-OPSD's data selection), computed once with the initial policy and reloaded on resume.
 
-Multi-host: every process samples the whole batch (identical, as the keys and params are) and
-feeds its own rows to the step; only the primary process writes files. (Tested on one process;
-the step itself is tested on two.)
+Multi-host (``jax.distributed``, :mod:`hindsight.train.multihost`): each process samples,
+verifies and assembles only its share of the step's prompts (whole groups; request keys are folded
+from each prompt's number in the step, so the global batch is the single-process one whatever the
+process count; DAPO's dynamic sampling is the exception: each process filters its own stream),
+samples with a host-local copy of the params, and feeds its rows to the step; rollout metrics are
+reduced over the processes, the held-out evaluation is split between them, only the primary
+process writes files and every other one reports its progress on stderr, tagged with its index.
 
 Ctrl-C (SIGINT) and SIGTERM (what ``timeout`` and cluster schedulers send on preemption) stop the
 run at the next phase boundary (after the rollout or after the step's updates) and write a
@@ -45,6 +51,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -54,18 +61,21 @@ import numpy as np
 from flax import nnx
 
 from hindsight.methods import LMHead
-from hindsight.rollout import EpisodeOptions, RolloutConfig, TreeOptions, collect
+from hindsight.rollout import (EpisodeOptions, GenerationOptions, PrepareInputs, RolloutConfig,
+                               TreeOptions, check_preparation, collect, prepare_task)
 from hindsight.models.registry import tokenizer_mismatch
 from hindsight.rollout.collect import check_contexts, episode_mismatch
 from hindsight.rollout.episodes import env_pool, play
 from hindsight.rollout.runtime import with_eos
 from hindsight.sampling import SamplingParams
 from hindsight.tasks import EpisodeTask, get_task
+from hindsight.train import multihost
 from hindsight.train.checkpoint import CheckpointConfig, Checkpointer
 from hindsight.train.data import prompt_batches
 from hindsight.train.evaluation import sample_rewards
 from hindsight.train.experiment import (ConfigError, Experiment, ExperimentConfig,
-                                        NonFiniteError, config_differences, resolve)
+                                        NonFiniteError, config_differences,
+                                        initialize_from_config, resolve)
 from hindsight.train.mesh import make_mesh, model_rules
 from hindsight.train.metrics import MetricsConfig, MetricsLogger, truncate_jsonl
 from hindsight.train.optim import make_optimizer, make_schedule
@@ -77,12 +87,15 @@ EVAL_STREAM = 2**31 - 1  # fold_in index of the evaluation key (training steps u
 
 
 def load_policy(section, mesh):
-    """``(model, tokenizer)`` for the config's model section."""
+    """``(model, tokenizer)`` for the config's model section, params in ``section.param_dtype``."""
     if section.name == TINY_MODEL:
         from hindsight.testing import CharTokenizer, char_model
-        return char_model(0), CharTokenizer()
+        graphdef, params, rest = nnx.split(char_model(0), nnx.Param, ...)
+        params = jax.tree.map(lambda p: p.astype(section.param_dtype), params)
+        return nnx.merge(graphdef, params, rest), CharTokenizer()
     from hindsight.models import load
-    return load(section.name, dtype=jnp.dtype(section.dtype), mesh=mesh,
+    return load(section.name, dtype=jnp.dtype(section.dtype),
+                param_dtype=jnp.dtype(section.param_dtype), mesh=mesh,
                 scan_layers=section.scan_layers, remat=section.remat)
 
 
@@ -136,9 +149,9 @@ def train_examples(task, *, seed: int, step: int, count: int):
     A task with a fixed list of problems (``split_examples``: files, HumanEval) is read in epochs
     through grain (:func:`hindsight.train.prompt_batches`): step ``k``'s prompts are batch ``k``
     of its train split shuffled by ``seed`` and reshuffled each epoch; extra draws come from a
-    reshuffle seeded by ``(seed, step)``. Every process reads the whole batch (each samples every
-    row of the rollout; the step splits the rows). A generated task draws from seeds
-    ``(seed, step, chunk)``."""
+    reshuffle seeded by ``(seed, step)``. A generated task draws from seeds
+    ``(seed, step, chunk)``. The stream is the step's, whatever the process count
+    (:func:`rollout_step` takes each process's share of it)."""
     base = int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
     if hasattr(task, "split_examples"):
         items = task.split_examples("train")
@@ -173,9 +186,11 @@ def rollout_config_of(exp: ExperimentConfig) -> RolloutConfig:
                        feedback_max_tokens=r.feedback_max_tokens)
     episodes = EpisodeOptions(max_turns=r.max_turns, episode_tokens=r.episode_tokens,
                               step_timeout=r.env_step_timeout, reset_timeout=r.env_reset_timeout)
+    generated = GenerationOptions(max_tokens=r.generated_max_tokens,
+                                  feedback_max_tokens=r.feedback_max_tokens)
     return RolloutConfig(slots=r.slots, chunk_steps=r.chunk_steps, tree=tree,
                          num_sample_texts=exp.num_sample_texts,
-                         verify_workers=r.verify_workers, episodes=episodes)
+                         verify_workers=r.verify_workers, episodes=episodes, generated=generated)
 
 
 def vocab_mask(tokenizer, vocab_size: int):
@@ -193,18 +208,31 @@ def vocab_mask(tokenizer, vocab_size: int):
 
 def rollout_step(xp: Experiment, model, tokenizer, task, sampling: SamplingParams, *, step: int,
                  pool=None, teacher=None):
-    """``(batch, stats)`` of the rollout of training step ``step`` (0-based): the step's prompts
-    (:func:`train_examples`), sampled, verified and assembled by
-    :func:`hindsight.rollout.collect` with the run's key ``fold_in(key(seed), step)``; an episode
-    task's environments in ``pool`` (None: a pool for the call)."""
+    """``(batch, stats)`` of this process's share of the rollout of training step ``step``
+    (0-based): the step's prompts (:func:`train_examples`), this process's contiguous share of
+    them (:func:`hindsight.train.multihost.prompt_share`; all of them on one process), sampled,
+    verified and assembled by :func:`hindsight.rollout.collect` with the run's key
+    ``fold_in(key(seed), step)`` and each prompt's number in the step; an episode task's
+    environments in ``pool`` (None: a pool for the call). DAPO's dynamic sampling draws every
+    ``process_count``-th example of the step's stream from this process's offset, with its own
+    key, until it holds its share of mixed groups."""
     exp = xp.config
-    examples = train_examples(task, seed=exp.seed, step=step, count=exp.rollout.prompts_per_step)
-    if xp.method.rollout != "dynamic":
-        examples = list(itertools.islice(examples, exp.rollout.prompts_per_step))
-    return collect(xp.method, model, tokenizer, task, examples,
-                   key=jax.random.fold_in(jax.random.key(exp.seed), step), sampling=sampling,
-                   rollout=rollout_config(xp), num_groups=exp.rollout.prompts_per_step,
-                   pool=pool, teacher_model=teacher)
+    count, processes = exp.rollout.prompts_per_step, jax.process_count()
+    share = multihost.prompt_share(count)
+    examples = train_examples(task, seed=exp.seed, step=step, count=count)
+    key = jax.random.fold_in(jax.random.key(exp.seed), step)
+    first = share.start
+    if xp.method.rollout == "dynamic":
+        examples = itertools.islice(examples, jax.process_index(), None, processes)
+        if processes > 1:
+            key, first = jax.random.fold_in(key, jax.process_index()), 0
+    else:
+        examples = list(itertools.islice(examples, count))[share]
+    batch, stats = collect(xp.method, model, tokenizer, task, examples, key=key,
+                           sampling=sampling, rollout=rollout_config(xp),
+                           num_groups=share.stop - share.start, pool=pool, teacher_model=teacher,
+                           first_index=first, gather=multihost.gather_rows)
+    return multihost.agree_widths(batch), stats
 
 
 def episode_pool(xp: Experiment, task):
@@ -219,20 +247,29 @@ def episode_pool(xp: Experiment, task):
 
 def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key, pool=None) -> float:
     """Mean reward of one sample per held-out example (``eval.*``); an episode task's
-    environments in ``pool`` (None: a pool for the call)."""
+    environments in ``pool`` (None: a pool for the call). In a multi-process run each process
+    evaluates a contiguous share of the examples (numbered as in the whole list, so the figure
+    does not depend on the process count) and the mean is taken over all of them."""
     e = exp.eval
     examples = task.examples(split=e.split, count=e.num_examples, seed=exp.seed)
+    per = -(-len(examples) // jax.process_count())
+    first = jax.process_index() * per
+    mine = examples[first:first + per]
     params = with_eos(sampling_params(exp, temperature=e.temperature), tokenizer)
-    if isinstance(task, EpisodeTask):  # one episode per example; its return is the reward
-        groups, _, _ = play(model, tokenizer, task, examples, key=key, params=params,
+    rewards = np.zeros(0)
+    if mine and isinstance(task, EpisodeTask):  # one episode per example; its return is the reward
+        groups, _, _ = play(model, tokenizer, task, mine, key=key, params=params,
                             group_size=1, options=rollout_config_of(exp).episodes,
                             slots=exp.rollout.slots, chunk_steps=exp.rollout.chunk_steps,
-                            pool=pool)
-        return float(np.mean([g.rewards.mean() for g in groups]))
-    return float(sample_rewards(model, tokenizer, task, examples, key=key, params=params,
-                                samples=1, slots=exp.rollout.slots,
-                                chunk_steps=exp.rollout.chunk_steps,
-                                verify_workers=exp.rollout.verify_workers).rewards.mean())
+                            pool=pool, first_index=first)
+        rewards = np.array([g.rewards.mean() for g in groups])
+    elif mine:
+        rewards = sample_rewards(model, tokenizer, task, mine, key=key, params=params,
+                                 samples=1, slots=exp.rollout.slots,
+                                 chunk_steps=exp.rollout.chunk_steps,
+                                 verify_workers=exp.rollout.verify_workers,
+                                 first_index=first).rewards
+    return multihost.weighted_mean(float(np.sum(rewards)), float(np.size(rewards)))
 
 
 def preflight(xp: Experiment):
@@ -257,6 +294,7 @@ def preflight(xp: Experiment):
         raise ConfigError(f"{e.args[0] if e.args else e}") from e
     try:
         check_contexts(xp.method)
+        check_preparation(xp.method)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     if exp.eval.split not in SPLITS:
@@ -297,6 +335,20 @@ class _StopFlag:
         self.stop = False
         self.signal: str | None = None
 
+    def agreed(self) -> bool:
+        """Whether to stop now, as every process of the run decides together: a signal may reach
+        some processes only, or at different times, and one process leaving the loop while the
+        others enter the next step's collectives would hang them. A process that received no
+        signal adopts its peer's (one tiny all-gather per phase boundary; no collective on a
+        single process)."""
+        if jax.process_count() == 1:
+            return self.stop
+        code = signal.Signals[self.signal].value if self.signal else 0
+        codes = multihost.allgather(np.array([code], np.int64))
+        if codes.max() > 0 and not self.stop:
+            self.stop, self.signal = True, signal.Signals(int(codes.max())).name
+        return self.stop
+
     def __call__(self, signum, frame):
         if self.stop:
             raise KeyboardInterrupt
@@ -326,13 +378,10 @@ def _slice(batch: dict, part: int, parts: int) -> dict:
 
 
 def minibatches(batch: dict, count: int) -> list[dict]:
-    """This process's rows of the rollout, cut into ``count`` mini-batches.
-
-    Every process samples the whole batch (same key, same params, so the same rows) and feeds its
-    own contiguous share; mini-batch ``k`` is the ``k``-th contiguous slice of that share, whole
-    groups by the layout check (:func:`hindsight.train.check_layout`)."""
-    local = _slice(batch, jax.process_index(), jax.process_count())
-    return [_slice(local, k, count) for k in range(count)]
+    """This process's rows of the rollout (it sampled only those), cut into ``count``
+    mini-batches: mini-batch ``k`` is the ``k``-th contiguous slice, whole groups by the layout
+    check (:func:`hindsight.train.check_layout`)."""
+    return [_slice(batch, k, count) for k in range(count)]
 
 
 def _mean_records(records: list[dict]) -> dict:
@@ -357,11 +406,18 @@ def _rollout_metrics(stats) -> dict:
     if stats.rollout == "dynamic":
         out.update(gen_batches=stats.gen_batches, dropped_groups=stats.dropped_groups,
                    filled_groups=stats.filled_groups)
+    if stats.selection is not None:  # completions from the policy's own samples
+        out.update(stats.selection)
+    if stats.recoverability is not None:   # counts only: every process logs the same keys
+        out.update({f"{k}_states" if k != "states" else "error_states": stats.recoverability[k]
+                    for k in ("states", "recoverable", "irreversible", "ambiguous")})
     return out
 
 
 def _sample_record(step: int, stats) -> dict:
     rec = {"step": step, "texts": stats.sample_texts}
+    if stats.generated_texts:
+        rec["generated"] = stats.generated_texts
     if stats.rollout == "hdl_tree":
         rec.update(reflections=stats.reflections, branch_positions=stats.branch_positions,
                    trace=stats.trace)
@@ -374,7 +430,8 @@ def _train_state(xp: Experiment, model, tx, mesh):
     method, exp = xp.method, xp.config
     method_state = method.init_state(method.config) if method.init_state is not None else None
     return create_train_state(model, tx, mesh=mesh, rules=model_rules(mesh), seed=exp.seed,
-                              reference=xp.reference, method_state=method_state)
+                              reference=xp.reference, reference_dtype=exp.train.reference_dtype,
+                              method_state=method_state)
 
 
 def warm_start(model, section, mesh):
@@ -392,6 +449,8 @@ def warm_start(model, section, mesh):
     trained, _, _ = trained_policy(section.init_from)
     graphdef, _, rest = nnx.split(model, nnx.Param, ...)
     _, params, _ = nnx.split(trained, nnx.Param, ...)
+    # the previous stage may have kept another model.param_dtype: this run's state is in its own
+    params = jax.tree.map(lambda p: p.astype(section.param_dtype), params)
     return nnx.merge(graphdef, params, rest)
 
 
@@ -410,8 +469,8 @@ def trained_policy(workdir: str, *, step: int | None = None):
         xp = resolve(json.load(f))
     mesh = make_mesh(xp.config.train.mesh)
     model, tokenizer = load_policy(xp.config.model, mesh)
-    state, shardings, model_def = _train_state(xp, model, make_optimizer(xp.config.train.optim),
-                                               mesh)
+    tx = make_optimizer(xp.config.train.optim, param_dtype=xp.config.model.param_dtype)
+    state, shardings, model_def = _train_state(xp, model, tx, mesh)
     ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints")))
     try:
         state, _ = ckpt.restore(jax.eval_shape(lambda s: s, state), shardings, step=step)
@@ -428,12 +487,18 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     Returns:
       The metrics summary plus ``final_step``, ``interrupted`` (bool), ``stop_signal`` (the
       signal's name, e.g. ``"SIGTERM"``, or None), ``workdir`` and ``eval_reward`` (the list of
-      ``(step, reward)`` evaluations of this invocation). A run that already holds
+      ``(step, reward)`` evaluations of this invocation) and ``process_generated_tokens`` (the
+      tokens this process sampled in this invocation). A run that already holds
       ``train.num_steps`` steps is reported from its files, which stay untouched.
+
+    A config whose ``distributed`` section asks for a multi-process run joins it first
+    (:func:`hindsight.train.experiment.initialize_from_config`): every process calls ``run`` with
+    the same config and ``workdir``.
     Raises:
       :class:`~hindsight.train.experiment.ConfigError` for a bad config (before any model is
       loaded) or a ``workdir`` holding a run of another config.
     """
+    initialize_from_config(config)   # first: resolving counts devices, which starts the backend
     xp = resolve(config)
     exp, method, t = xp.config, xp.method, xp.config.train
     task, sampling = preflight(xp)
@@ -444,7 +509,12 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     ckpt_dir = os.path.join(workdir, "checkpoints")
     if exp.model.init_from is not None and not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)):
         model = warm_start(model, exp.model, mesh)  # a run with checkpoints resumes from them
-    tx = make_optimizer(t.optim)
+    # the method's preparation (Neuron-OPSD's data selection) with the frozen initial policy, or
+    # its result saved by the first run in this directory
+    task = prepare_task(method, task, model, tokenizer, workdir=workdir, inputs=PrepareInputs(
+        seed=exp.seed, sampling=sampling, rollout=rollout_config(xp),
+        prompts_per_step=exp.rollout.prompts_per_step))
+    tx = make_optimizer(t.optim, param_dtype=exp.model.param_dtype)
     state, shardings, model_def = _train_state(xp, model, tx, mesh)
     head = LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size,
                   vocab_mask=vocab_mask(tokenizer, model.config.vocab_size))
@@ -472,7 +542,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         ckpt.close()
         summary = MetricsLogger.read_summary(workdir, up_to=start)
         summary.update(final_step=start, interrupted=False, stop_signal=None, workdir=workdir,
-                       eval_reward=[])
+                       eval_reward=[], process_generated_tokens=0)
         if progress and jax.process_index() == 0:
             print(f"[hindsight] {workdir} already holds {start} steps (train.num_steps="
                   f"{t.num_steps}): nothing to train", flush=True)
@@ -482,7 +552,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     evals: list[tuple[int, float]] = []
 
     def policy():
-        return model_def.merge(state.params)
+        """The policy this process samples with (its own copy on several processes)."""
+        return model_def.merge(multihost.host_local(state.params, mesh))
 
     def eval_due(step: int) -> bool:
         if exp.eval.num_examples == 0:
@@ -490,6 +561,11 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         return step == t.num_steps or (exp.eval.every and step % exp.eval.every == 0)
 
     pool = episode_pool(xp, task)  # one pool for the run, closed with the loop's context
+    rollout_teacher = None
+    if teacher is not None:   # GKD's seq_kd rows are sampled by it: this process's own copy
+        teacher_def, teacher_state = nnx.split(teacher)
+        rollout_teacher = nnx.merge(teacher_def, multihost.host_local(teacher_state, mesh))
+    process_tokens = 0  # generated by this process in this invocation
     stop = _StopFlag()
     saved_at, nonfinite = start, 0
     primary = jax.process_index() == 0
@@ -503,12 +579,13 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                                       key=jax.random.fold_in(root_key, EVAL_STREAM), pool=pool)))
             logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)
         for step in range(start, t.num_steps):
-            if stop.stop:
+            if stop.agreed():
                 break
             t0 = time.perf_counter()
             batch, stats = rollout_step(xp, policy(), tokenizer, task, sampling, step=step,
-                                        pool=pool, teacher=teacher)
-            if stop.stop:
+                                        pool=pool, teacher=rollout_teacher)
+            process_tokens += int(np.sum(stats.generated_tokens))
+            if stop.agreed():
                 break  # the rollout is discarded; the state is still that of `step`
             t1 = time.perf_counter()
             updates = []
@@ -536,8 +613,16 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
             if update_method is not None and finite:
                 state = update_method(state, _mean_records(finite))
             t2 = time.perf_counter()
-            record.update(_rollout_metrics(stats), update_seconds=t2 - t1, step_time=t2 - t0,
-                          tokens_per_s=float(np.sum(stats.generated_tokens)) / (t2 - t0))
+            rollout = multihost.reduce_metrics(
+                {**_rollout_metrics(stats), "generated_tokens": float(np.sum(stats.generated_tokens))})
+            generated = rollout.pop("generated_tokens")   # every process's
+            record.update(rollout, update_seconds=t2 - t1, step_time=t2 - t0,
+                          tokens_per_s=generated / (t2 - t0))
+            if jax.process_count() > 1:   # the primary draws the bar; every other one says this
+                print(f"[hindsight p{jax.process_index()}/{jax.process_count()}] step {step + 1}/"
+                      f"{t.num_steps}: {int(np.sum(stats.generated_tokens))} tokens generated "
+                      f"here, rollout {t1 - t0:.1f} s, update {t2 - t1:.1f} s",
+                      file=sys.stderr, flush=True)
             if eval_due(step + 1):
                 evals.append((step + 1, evaluate(policy(), tokenizer, task, exp,
                                                  key=jax.random.fold_in(root_key, EVAL_STREAM),
@@ -554,5 +639,6 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     ckpt.close()
     summary = logger.close()
     summary.update(final_step=final, interrupted=stop.stop, stop_signal=stop.signal,
-                   workdir=workdir, eval_reward=[list(e) for e in evals])
+                   workdir=workdir, eval_reward=[list(e) for e in evals],
+                   process_generated_tokens=process_tokens)
     return summary

@@ -166,3 +166,18 @@ def run_script(module: str, *args: str, num_devices: int = 1, timeout: float = 3
     if proc.returncode:
         raise AssertionError(f"{module} failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def step_records(run_dir: str) -> list[dict]:
+    """The training steps' records of a run's ``metrics.jsonl`` (evaluation-only lines left out)."""
+    import json
+    import os
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if "loss" in r]
+
+
+def trained_params(run_dir: str) -> tuple[int, list[np.ndarray]]:
+    """``(step, params as host arrays)`` of a run's latest checkpoint."""
+    from hindsight.train.loop import trained_policy
+    model, _, step = trained_policy(run_dir)
+    return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]

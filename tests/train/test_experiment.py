@@ -135,3 +135,14 @@ def test_train_step_checks_before_compiling(monkeypatch):
     with pytest.raises(ValueError,
                        match=r"batch leaf \['x'\] has shape \(3, 2\); expected this process's 4"):
         step(state, {"x": jax.numpy.zeros((3, 2))})
+
+
+def test_a_key_the_saved_config_lacks_differs_only_off_its_default():
+    """A run written before a key existed resumes while the key keeps its default."""
+    from hindsight.train.experiment import config_differences
+    current = resolve(_config("grpo")).config.to_dict()
+    saved = {k: v for k, v in current.items() if k != "distributed"}   # an older run's file
+    assert config_differences(saved, current) == []
+    current["distributed"]["initialization_timeout"] = 60   # resumable: a new launch's setting
+    current["seed"] = 7
+    assert config_differences(saved, current) == ["seed"]
