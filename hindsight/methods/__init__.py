@@ -13,13 +13,14 @@ shape it trains on, and, for stateful methods, ``init_state`` / ``update_state``
 :mod:`hindsight.batch`.
 """
 from hindsight.methods import (beta_opsd, craft, cripo, dapo, demopsd, drgrpo, gkd, grpo, h2sd, hdl,
-                               hsd, opsd, opsd_pmi, pcsd, rlsd, sdpo, sft)
+                               hsd, neuron_opsd, opsd, opsd_pmi, pcsd, recoverability, rlsd,
+                               sdpo, seed, sft)
 from hindsight.methods.forward import LMHead, Side, context_hidden, vocab_rows
 from hindsight.methods.method import ROLLOUTS, TEACHERS, LossConfig, Method, RolloutShape
 
 REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD for m in (
     grpo, dapo, drgrpo, hdl, pcsd, craft, opsd, opsd_pmi, demopsd, rlsd, sdpo, hsd, h2sd,
-    beta_opsd, cripo, sft, gkd)}
+    beta_opsd, cripo, sft, gkd, neuron_opsd, recoverability, seed)}
 
 
 def get_method(name: str) -> Method:

@@ -37,7 +37,7 @@ from hindsight._validation import check_static_float
 from hindsight.batch import context_key
 from hindsight.methods.forward import context_hidden
 
-ROLLOUTS = ("group", "dynamic", "hdl_tree", "completions", "gkd")
+ROLLOUTS = ("group", "dynamic", "hdl_tree", "completions", "gkd", "recoverability")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,9 @@ class RolloutShape:
 identical rewards dropped, sampling continues until the batch is full); ``hdl_tree``: HDL's
 2 roots x (1 + 4 + 3) continuations per prompt; ``completions``: each example's own completion,
 nothing sampled (supervised fine-tuning); ``gkd``: one row per prompt, the student's sample with
-probability ``lmbda``, else the example's completion or the teacher's sample (TRL's GKD)."""
+probability ``lmbda``, else the example's completion or the teacher's sample (TRL's GKD);
+``recoverability``: G samples per prompt, then teacher branches from failing rows' error states
+and one supervision row per replayed state (counterfactual recoverability)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,14 @@ class Method:
         section (``group_size``, ``max_new_tokens``, ``temperature``) unless set explicitly; the
         loss temperature follows ``rollout.temperature`` for every method that has one.
       group_size: rows per prompt of a configured record (None in the registry).
+      prepare: the name of a preparation run once per run before training, with the frozen
+        initial policy (:data:`hindsight.rollout.prepare.PREPARATIONS`: Neuron-OPSD's
+        ``neuron_selection``), or None. It returns the task the run trains on (e.g. the selected
+        examples, carrying what the method's teacher-context parts read); its result is saved
+        in the run directory, so a resumed run reloads it instead of redoing it.
+      extra_rows: ``extra_rows(config) -> int``, rows the rollout adds to each group after its
+        ``rollout.group_size`` samples (counterfactual recoverability's supervision rows): a
+        configured record's ``group_size`` counts them; None: none.
     """
     name: str
     loss_fn: Callable
@@ -118,6 +128,15 @@ class Method:
     shape_rewards: Callable | None = None
     derive: Callable | None = None
     group_size: int | None = None
+    prepare: str | None = None
+    extra_rows: Callable | None = None
+
+    @property
+    def samples_per_group(self) -> int | None:
+        """Rows the rollout samples per prompt: :attr:`group_size` less the :attr:`extra_rows`."""
+        if self.group_size is None or self.extra_rows is None:
+            return self.group_size
+        return self.group_size - self.extra_rows(self.config)
 
     def make_config(self, **overrides):
         """The default config with ``overrides`` replaced (validated by the config itself)."""
@@ -145,7 +164,8 @@ class Method:
                   rollout: RolloutShape = RolloutShape()) -> "Method":
         """This method configured for one experiment: ``options`` (explicit values; a None value
         of a derived option means "follow the rollout"), then :meth:`derived_options` for the
-        derived options not given; ``group_size`` set from the config (HDL trees) or the rollout.
+        derived options not given; ``group_size`` set from the config (HDL trees) or the rollout
+        (plus the method's :attr:`extra_rows`).
 
         Raises:
           TypeError for an unknown option; ValueError for a bad value, or a group size or loss
@@ -171,6 +191,8 @@ class Method:
                 raise ValueError(f"method_config.group_size={config.group_size} differs from "
                                  f"rollout.group_size={size}: the loss would split the batch into "
                                  f"other groups than the rollout sampled")
+            if self.extra_rows is not None:
+                size += self.extra_rows(config)
         return dataclasses.replace(self, config=config, group_size=size)
 
     def update(self, state, metrics: dict):

@@ -37,19 +37,30 @@ CASES = {name: dict(**options) for name, options in {
     "cripo": dict(tau_flip=0.3, lam_inj=0.5),
     "sft": dict(temperature=0.8),
     "gkd": dict(teacher="reference", beta=0.3),  # the external teacher is tested in tests/train
+    "neuron_opsd": dict(temperature=0.9),
+    "recoverability": dict(temperature=0.9, retain_weight=0.7),
+    "seed": dict(beta=3.0, lambda_opd=0.5, temperature=0.9),
 }.items()}
-ROW_MASKED = ("sdpo", "hsd", "h2sd", "cripo")  # read ``teacher_row_mask``: their batch lacks row 3's context
+ROW_MASKED = ("sdpo", "hsd", "h2sd", "cripo", "neuron_opsd", "seed")  # read ``teacher_row_mask``: their batch lacks row 3's context
+
+
+ROLES = np.array([0, 0, 1, 0, 0, 0, 2, 0], np.int32)  # recoverability: a retain and a rollback row
 
 
 def case_batch(name, batch):
-    """``batch``, with the teacher context of row 3 missing for the methods that honour it."""
+    """``batch``, with the teacher context of row 3 missing for the methods that honour it (and
+    recoverability's row roles: rows 2 and 6, whose masks skip their first two tokens, are a
+    retained prefix's continuation and a rollback branch)."""
+    if name == "recoverability":
+        return dict(batch, row_role=ROLES)
     if name not in ROW_MASKED:
         return batch
     keep = np.ones(np.shape(batch["targets"])[0], np.float32)
     keep[3] = 0.0
     return dict(batch, teacher_row_mask=keep)
 
-VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "gkd", "sdpo", "hsd", "h2sd", "beta_opsd", "cripo")
+VOCAB_LOSSES = ("opsd", "opsd_pmi", "demopsd", "gkd", "sdpo", "hsd", "h2sd", "beta_opsd", "cripo",
+                "neuron_opsd", "recoverability")
 
 
 def dense_reference(name, config, dense, batch, state, vocab_mask=None):
@@ -58,17 +69,17 @@ def dense_reference(name, config, dense, batch, state, vocab_mask=None):
     wave-1 methods is a mean over the same count (tokens, or rows for ``seq-mean-token-mean``), so
     the objective is the weighted sum of term sums over that count; the self-distillation methods'
     terms have counts of their own (rows with a context, failure rows)."""
-    if name in ROW_MASKED or name == "beta_opsd":
+    if name in ROW_MASKED or name in ("beta_opsd", "recoverability"):
         return _dense_self_distillation(name, config, dense, batch)
     total, count = _dense_sum(name, config, dense, batch, state, vocab_mask)
     return float(total) / max(float(count), 1.0)
 
 
 def _dense_self_distillation(name, config, dense, batch):
-    """SDPO / HSD / H2SD / beta-OPSD / CriPO in float64 NumPy from the dense logits: the top-k
-    divergence (tail bucket), the importance weight, the routing, the mixed target and its
-    return-to-go, the contribution filter and the flip, written out independently of the
-    methods."""
+    """SDPO / HSD / H2SD / beta-OPSD / CriPO / Neuron-OPSD in float64 NumPy from the dense
+    logits: the top-k divergence (tail bucket), the importance weight, the routing, the mixed
+    target and its return-to-go, the contribution filter and the flip, the full reverse KL,
+    written out independently of the methods."""
     f64 = lambda x: np.asarray(x, np.float64)
     mask = f64(batch["mask"]) > 0
     ctx = mask & (f64(batch.get("teacher_row_mask", np.ones(mask.shape[0]))) > 0)[:, None]
@@ -79,6 +90,23 @@ def _dense_self_distillation(name, config, dense, batch):
     targets = np.asarray(batch["targets"])
     pick = lambda lp: np.take_along_axis(lp, targets[..., None], -1)[..., 0]
     mean = lambda x, m: float(np.sum(np.where(m, x, 0.0)) / max(m.sum(), 1))
+    if name == "neuron_opsd":  # full-vocabulary KL(S || T), token mean over rows with a context
+        return mean(np.sum(np.exp(ls) * (ls - lt), -1), ctx)
+    if name == "seed":  # GRPO over every row + SDAR's g (l_skill - l_ord) over the skill rows
+        kw = dict(eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip)
+        logp = token_logprobs(dense["policy", None] / temp, jnp.asarray(targets))
+        pg, count = numpy_surrogate(logp, batch["logp_old"], f64(batch["advantages"]),
+                                    batch["mask"], **kw)
+        delta = pick(lt) - pick(ls)
+        gate = 1.0 / (1.0 + np.exp(-config.beta * np.where(ctx, delta, 0.0)))
+        return float(pg) / count + config.lambda_opd * mean(gate * delta, ctx)
+    if name == "recoverability":  # SOD on role 0, CE to the teacher's argmax on roles 1 and 2
+        role = np.asarray(batch.get("row_role", np.zeros(mask.shape[0])))[:, None]
+        sod = (pick(ls) - pick(lt)) * pick(ls)
+        ce = -np.take_along_axis(ls, lt.argmax(-1)[..., None], -1)[..., 0]
+        return (config.sod_weight * mean(sod, mask & (role == 0))
+                + config.retain_weight * mean(ce, mask & (role == 1))
+                + config.rollback_weight * mean(ce, mask & (role == 2)))
     if hasattr(config, "top_k"):  # the student's top-k + tail (SDPO, HSD, H2SD)
         k = min(config.top_k, ls.shape[-1] - 1)
         idx = np.argsort(-ls, axis=-1, kind="stable")[..., :k]

@@ -7,7 +7,8 @@ from hindsight.methods import REGISTRY, ROLLOUTS, get_method
 from hindsight.batch import CONTEXT_NAMES
 
 NAMES = ["grpo", "dapo", "drgrpo", "hdl", "pcsd", "craft", "opsd", "opsd_pmi", "demopsd", "rlsd",
-         "sdpo", "hsd", "h2sd", "beta_opsd", "cripo", "sft", "gkd"]
+         "sdpo", "hsd", "h2sd", "beta_opsd", "cripo", "sft", "gkd", "neuron_opsd",
+         "recoverability", "seed"]
 
 
 def test_registry_holds_every_method():
@@ -62,6 +63,20 @@ def test_spec_defaults():
     cripo = get_method("cripo").config
     assert (cripo.lam_inj, cripo.share, cripo.tau_flip, cripo.teacher_context) == (
         0.1, 0.95, 0.1, ("criteria",))
+    nopsd = get_method("neuron_opsd").config
+    assert (nopsd.neurons_per_layer, nopsd.num_neurons, nopsd.select_fraction, nopsd.num_shots,
+            nopsd.teacher, nopsd.teacher_context) == (2000, 5000, 0.2, 10, "reference",
+                                                      ("few_shot",))
+    assert get_method("neuron_opsd").prepare == "neuron_selection"
+    rec = get_method("recoverability")
+    assert (rec.config.branches, rec.config.recoverable_min, rec.config.irreversible_max,
+            rec.config.rollback_min, rec.config.retain_weight, rec.config.rollback_weight,
+            rec.config.teacher, rec.config.teacher_context) == (
+        4, 0.5, 0.25, 0.5, 1.0, 1.0, "self", ("reference",))
+    assert rec.rollout == "recoverability" and rec.extra_rows(rec.config) == 2
+    seed = get_method("seed")
+    assert (seed.config.beta, seed.config.lambda_opd, seed.config.teacher,
+            seed.config.teacher_context, seed.rollout) == (5.0, 0.01, "self", ("skill",), "group")
 
 
 def test_make_config_and_validation():
@@ -100,6 +115,14 @@ def test_sdpo_and_demopsd_configs_default_to_sdpos_ema_teacher():
     for module in (configs.sdpo, configs.demopsd):
         xp = resolve(module.get_config("tiny"), num_devices=1, process_count=1)
         assert (xp.reference, xp.config.train.ema_decay) == ("ema", 0.95)
+
+
+def test_neuron_opsd_config_sets_the_ema_teacher_at_tau_001():
+    """Neuron-OPSD's teacher is an EMA of the student, theta_bar <- 0.99 theta_bar + 0.01 theta."""
+    import configs.neuron_opsd
+    from hindsight.train.experiment import resolve
+    xp = resolve(configs.neuron_opsd.get_config("tiny"), num_devices=1, process_count=1)
+    assert (xp.reference, xp.config.train.ema_decay) == ("ema", 0.99)
 
 
 def test_opsd_pmi_refuses_a_moving_base():

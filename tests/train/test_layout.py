@@ -40,8 +40,14 @@ def test_every_method_on_the_most_split_layouts():
     # test above; dapo and hdl train through grpo's loss function (surrogate_loss: clip-higher,
     # suffix masks), which grpo and drgrpo cover; hsd, h2sd and cripo through pcsd's
     # (policy_rows + surrogate_terms, a distill term); sft and gkd through opsd's (vocab_rows,
-    # a distill term); beta_opsd through rlsd's (method state); sdpo covers teacher_row_mask.
-    covered = {"craft", "dapo", "hdl", "hsd", "h2sd", "cripo", "sft", "gkd", "beta_opsd"}
+    # a distill term); beta_opsd through rlsd's (method state); sdpo covers teacher_row_mask,
+    # which neuron_opsd reads the same way (vocab_rows, a distill term over the context rows;
+    # both layouts passed for it alone, 65 s); recoverability through opsd's too (vocab_rows,
+    # token-mean terms over row-role masks, no row coupling; both layouts passed alone, 26 s);
+    # seed through pcsd's (policy_rows + surrogate_terms, a gated distill term) over sdpo's
+    # teacher_row_mask (both layouts passed for it alone, 21 s).
+    covered = {"craft", "dapo", "hdl", "hsd", "h2sd", "cripo", "sft", "gkd", "beta_opsd",
+               "neuron_opsd", "recoverability", "seed"}
     names = sorted(set(REGISTRY) - covered)
     out = run_script("tests.train.run_layout", *names, num_devices=8, timeout=900)
     assert sorted(out) == names
