@@ -64,8 +64,8 @@ from jax.custom_derivatives import SymbolicZero
 
 from hindsight._validation import check_choice, shape_of
 from hindsight.ops._chunking import (check_extra, check_projection, check_temperature,
-                                     check_vocab_mask, chunk_rows, from_chunks, project,
-                                     put_rows, shifted_block, temper_and_mask, to_chunks)
+                                     check_vocab_mask, chunk_rows, from_chunks, put_rows,
+                                     shifted_block, temper_and_mask, to_chunks)
 from hindsight.ops._projection import (_is_transpose, _logits, _operand, _project_raw,
                                        _project_sides, _project_tiled)
 

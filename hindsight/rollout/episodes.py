@@ -250,7 +250,7 @@ class EpisodePlayer:
     def start_later(self, keys) -> None:
         """Reset episodes ``keys`` while the engine runs; each starts when its observation comes."""
         for k, g in keys:
-            ep = self.episodes[(k, g)] = Episode(key=(k, g), phase="reset")
+            self.episodes[(k, g)] = Episode(key=(k, g), phase="reset")
             self.pool.reset((k, g), self.task.setup(self.examples[k]))
 
     def branch(self, parent: Episode, position: int, keys) -> None:

@@ -19,8 +19,7 @@ from hindsight.models import load_hf_folder  # noqa: E402
 from hindsight.sampling import SamplingParams, branch, generate  # noqa: E402
 from hindsight.sampling.score import score_logprobs  # noqa: E402
 
-MESHES = {"tensor2": (1, 1, 2), "fsdp2_tensor2": (1, 2, 2), "data2_tensor4": (2, 1, 4),
-          "tensor8": (1, 1, 8), "fsdp8": (1, 8, 1)}
+MESHES = {"tensor2": (1, 1, 2), "data2_fsdp2_tensor2": (2, 2, 2), "tensor8": (1, 1, 8)}
 PROMPTS = [[1, 5, 7, 9], [3, 4], [8, 8, 8, 2, 2]]
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=12)
 

@@ -13,8 +13,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.slow
 def test_sharded_decode_equals_unsharded(tmp_path):
-    """Qwen3 layout (QK-norm, 2 KV heads of 4): tensor-, FSDP- and data-parallel meshes, tensor
-    over more devices than KV heads included, give the same sampled tokens (a prefill fanned out
+    """Qwen3 layout (QK-norm, 2 KV heads of 4): a tensor-parallel mesh, a (data 2, fsdp 2,
+    tensor 2) one and tensor over more devices (8) than KV heads give the same sampled tokens (a prefill fanned out
     to 3 rows, then branches from the cache) and the same log-probs and teacher-forced scores to
     1e-5; with a tensor axis the KV cache is split over its KV heads."""
     make_hf_model("qwen3").save_pretrained(tmp_path, safe_serialization=True)
@@ -29,4 +29,4 @@ def test_sharded_decode_equals_unsharded(tmp_path):
         assert r["max_logprob_diff"] < 1e-5, (name, r["max_logprob_diff"])
     # [L, B, M, KV, hd]: the KV heads follow the attention heads onto the tensor axis
     assert result["meshes"]["tensor2"]["cache_spec"][3] == "tensor"
-    assert result["meshes"]["fsdp2_tensor2"]["cache_spec"][3] == "tensor"
+    assert result["meshes"]["data2_fsdp2_tensor2"]["cache_spec"][3] == "tensor"

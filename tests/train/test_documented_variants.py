@@ -26,11 +26,11 @@ SMOLLM2_VARIANTS = ["demo", "smollm2-math"] + [f"smollm2-{t}" for t in synthetic
 QWEN_VARIANTS = ["qwen0.5b-math", "qwen0.5b-humaneval"]
 
 
-ROLLOUT_TOKENS = 48
+ROLLOUT_TOKENS = 32
 """The first rollouts decode this many new tokens (a command-line override, as a user's
 ``--config.rollout.max_new_tokens``; every value derived from it is resolved after it), not the
 variants' 96-128: the suite's time budget (the twelve rollouts took 13.5 min of one worker's time
-at 128 tokens, 2026-12-02)."""
+at 128 tokens, 2026-12-02; five took 143 s at 48 tokens, 2026-12-04)."""
 
 
 def _resolved(method: str, variant: str, max_new_tokens: int | None = None):
@@ -61,11 +61,16 @@ def test_every_qwen_variant_resolves(method, variant):
 
 def _rollout_cases():
     # One method per rollout shape and set of contexts (what the first rollout builds differs only
-    # by these): grpo (group, no context), craft (group + teacher), opsd_pmi (group + teacher +
-    # probe), dapo (dynamic), hdl (trees). Left out for the suite's time budget, their configs
+    # by these): grpo (group, no context), opsd_pmi (group + teacher + probe: the teacher
+    # context's path too), dapo (dynamic), hdl (trees). Left out for the suite's time budget, their configs
     # passing the preflight test above:
+    # * craft (group + teacher: opsd_pmi's rollout builds the same plus the probe context; passed
+    #   in the suite up to 2026-12-04, 24 s at 48 tokens);
     # * drgrpo (as grpo), opsd, pcsd, demopsd (as craft): all passed in the suite up to 06e4c86
     #   (34-36 s each on a busy 2-core machine); rlsd (as craft: group + teacher context);
+    # * seed (as craft, plus the skill each group writes from a row's cache: SmolLM2's chat
+    #   template continued after its own end-of-turn; passed when run on 2026-12-04, a 30 s
+    #   rollout, every group with a skill);
     # * hdl on smollm2-reverse (the README's example; as hdl on smollm2-count_letters, 75 s) and
     #   the smollm2-<task> rollouts of grpo, dapo and hdl on the other tasks (all passed when run on
     #   2026-12-02, 1-2 min each for dapo/hdl);
@@ -73,7 +78,7 @@ def _rollout_cases():
     #   smollm2-count_letters rollout, which this test runs at the same width (``ROLLOUT_TOKENS``);
     #   they differ in the reflection caps (12 vs 16) and step counts only (every method's passed
     #   up to d835f11, grpo's and hdl's up to 82610bc; ``make demo`` runs them in full).
-    return [(m, DEFAULT_VARIANT) for m in ("craft", "dapo", "grpo", "hdl", "opsd_pmi")]
+    return [(m, DEFAULT_VARIANT) for m in ("dapo", "grpo", "hdl", "opsd_pmi")]
 
 
 @pytest.fixture(scope="module")
