@@ -18,8 +18,9 @@ wall-clock an HDL-shaped rollout saves over independent sampling.
 (c) Compile time (first call minus a steady call) and peak resident memory.
 
 The last line is one JSON object with ``decode_tps_ratio_vs_hf``, ``hdl_token_saving`` and
-``hdl_wallclock_saving`` (fractions of the independent run's tokens / wall time) plus every
-measurement and the machine.
+``hdl_wallclock_saving`` (fractions of the independent run's tokens / wall time; the saving is
+signed, negative when the trees were slower, with ``hdl_wallclock_saving_range`` over the
+repetitions) plus every measurement and the machine (load average at start and end).
 """
 from __future__ import annotations
 
@@ -264,7 +265,10 @@ def main(argv=None):
         result["compile_s"] = max(d["compile_s"] for d in result["decode"])
     if "hdl" in result:
         result["hdl_token_saving"] = result["hdl"]["token_saving"]
-        result["hdl_wallclock_saving"] = max(0.0, min(1.0, result["hdl"]["wallclock_saving"]))
+        # signed: a tree slower than the independent samples reports a negative saving
+        result["hdl_wallclock_saving"] = result["hdl"]["wallclock_saving"]
+        result["hdl_wallclock_saving_range"] = [1 - r for r in
+                                                reversed(result["hdl"]["wall_ratio_range"])]
     print(json.dumps(result, default=float))
 
 
