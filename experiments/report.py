@@ -133,6 +133,20 @@ def _trajectory_markdown(trace: dict) -> str:
     return "".join(pieces)
 
 
+def _continuation_lines(trace: dict) -> list[str]:
+    """Per branch point, the token resampled there and the rewards its continuations earned."""
+    rewards = trace.get("continuation_rewards")
+    if not rewards:
+        return []
+    out = ["Continuations branched from this root (the token at the point is resampled):", ""]
+    for p, r in zip(trace["points"], rewards):
+        token = trace["tokens"][p] if p < len(trace["tokens"]) else ""
+        mean = f"{sum(r) / len(r):.2f}" if r else "n/a"
+        out.append(f"* at {p} ({_code(token)}): rewards {[round(x, 2) for x in r]}, mean {mean} "
+                   f"(the root's: {trace['reward']:.2f})")
+    return out + [""]
+
+
 def _episode_sample(samples: list[dict]) -> tuple[int, str] | None:
     """``(step, text)`` of one episode rendered turn by turn (its ``[turn k]`` lines), the latest
     that branched from its root (``[branch]``) when there is one; None for single-turn runs."""
@@ -154,12 +168,16 @@ def _table(runs: list[dict]) -> str:
 
 
 def write_report(workdirs: list[str], out: str, *, title: str = "hindsight run report",
-                 extra: dict | None = None) -> str:
-    """Write ``report.md`` (+ PNGs) under ``out`` for ``workdirs``; returns the report's path."""
+                 extra: dict | None = None, headline: str | None = None) -> str:
+    """Write ``report.md`` (+ PNGs) under ``out`` for ``workdirs``; returns the report's path.
+    ``headline``: Markdown placed first (the demo's table of figures); ``extra``: a dict shown
+    as JSON under "Summary"."""
     os.makedirs(out, exist_ok=True)
     runs = [read_run(w) for w in workdirs]
     _curves(runs, os.path.join(out, "curves.png"))
     lines = [f"# {title}", ""]
+    if headline:
+        lines += [headline, ""]
     for run in runs:
         c = run["config"]
         lines.append(f"* **{run['name']}** (`{os.path.relpath(workdirs[runs.index(run)], out)}`):"
@@ -181,6 +199,7 @@ def write_report(workdirs: list[str], out: str, *, title: str = "hindsight run r
                       f"Reflection: {_code(trace['reflection'])}", "",
                       f"Branch points (best first): {trace['points']}. Tokens scoring at least half "
                       f"the maximum carry their score as a subscript; branch points are bold.", "",
+                      *_continuation_lines(trace),
                       _trajectory_markdown(trace), "", "![trajectory](trajectory.png)"]
         episode = _episode_sample(run["samples"])
         if episode is not None:

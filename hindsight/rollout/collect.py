@@ -289,15 +289,21 @@ def _contexts(method: Method, tokenizer, groups: list[GroupRows], templates: Tem
 
 
 def _root_trace(tokenizer, group: GroupRows, info) -> dict:
-    """Root 0 of a tree, token by token, with its hindsight scores and branch points."""
+    """Root 0 of a tree, token by token, with its hindsight scores and branch points, its
+    reflection, and per branch point the rewards of the continuations branched there."""
     row = int(np.nonzero((info.layout.kind == info.layout.ROOT) & (info.layout.root == 0))[0][0])
     n = int(group.lengths[row])
     ids = [int(t) for t in group.tokens[row, :n]]
+    layout = info.layout
+    points = [int(p) for p in info.points[0] if p >= 0]
+    branched = (layout.root == 0) & (layout.kind == layout.CONTINUATION)
     return dict(tokens=[tokenizer.decode([t]) for t in ids],
-                scores=[float(s) for s in info.scores[0, :n]],
-                points=[int(p) for p in info.points[0] if p >= 0],
+                scores=[float(s) for s in info.scores[0, :n]], points=points,
                 reward=float(group.rewards[row]), feedback=info.feedback[0],
-                reflection=info.reflections[0])
+                reflection=info.reflections[0],
+                continuation_rewards=[[float(r) for r in group.rewards[branched
+                                                                       & (layout.position == p)]]
+                                      for p in points])
 
 
 def _engine_stats(clock: PhaseClock) -> dict:

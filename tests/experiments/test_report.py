@@ -64,3 +64,23 @@ def test_episode_sample_prefers_a_branched_episode():
     assert _episode_sample(samples) == (2, samples[1]["texts"][0])
     assert _episode_sample(samples[:1]) == (1, samples[0]["texts"][0])
     assert _episode_sample([{"step": 1, "texts": ["no turns here"]}]) is None
+
+
+def test_demo_report_opens_with_the_figures_and_the_continuations(tmp_path):
+    from experiments.demo import headline
+    trace = {"tokens": ["x", "\n", "y", "z"], "scores": [0.0, 2.0, 0.5, 1.5], "points": [1, 3],
+             "reward": 0.0, "feedback": "expected z", "reflection": "r",
+             "continuation_rewards": [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0]]}
+    _fake_run(tmp_path / "g", "grpo", [100, 200, 400], [50.0, 4.0, 8.0])
+    _fake_run(tmp_path / "h", "hdl", [90, 120, 200], [60.0, 3.0, 4.0], trace=trace)
+    g, h = read_run(str(tmp_path / "g")), read_run(str(tmp_path / "h"))
+    summary = {**token_economics(g, h), "grpo_reward": [0.5] * 3, "hdl_reward": [0.5] * 3,
+               "cpus": 2, "loadavg_1m": 1.0, "demo_seconds": 600.0}
+    path = write_report([str(tmp_path / "g"), str(tmp_path / "h")], str(tmp_path / "r"),
+                        headline=headline(summary, g, h))
+    text = open(path, encoding="utf-8").read()
+    first = text.split("## ")[0]   # before any section: the table and its sentence
+    assert "**token saving 0.47**" in first and "**wall-clock saving 0.42**" in first
+    assert "0.25 → not evaluated" in first and "0.89 of the token saving" in first
+    assert "```json" not in text
+    assert "* at 1 (" in text and "rewards [1.0, 0.0, 1.0, 1.0], mean 0.75" in text
