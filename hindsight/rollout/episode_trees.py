@@ -190,6 +190,7 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
                     (layout.root == j) & (layout.kind == TreeLayout.CONTINUATION)
                     & (layout.position == p))[0]]
                 player.branch(ep, int(p), rows)
+            ep.turns = []   # its branches hold the caches they continue: the rest can go
         fresh = [(k, int(i)) for i in np.nonzero(layout.kind == TreeLayout.FRESH)[0]]
         if fresh:
             player.start_later(fresh)

@@ -63,8 +63,12 @@ class Episode:
       status: one of :data:`STATUSES` once finished, else None. feedback: the environment's last
         feedback (or the failure's message).
       source: ``(Rollouts, row)`` holding the row's cache after its last turn.
-      turns: with ``keep_turns``, ``(Rollouts, row)`` of every turn (what a branch inside the
-        episode continues from); else empty.
+      turns: with ``keep_turns``, ``(Rollouts, row)`` of every turn of an episode played from
+        its first prompt (what a branch inside the episode continues from); empty for a branch
+        of another episode (never branched again: its own history is in its cache) and once the
+        episode's branches are submitted (the tree clears it).
+      branchable: whether a branch may start inside this episode (with ``keep_turns``, its turns'
+        caches are kept): a tree's roots; not its continuations or fresh episodes.
       branch_position: response position from which this row was sampled (a branch of another
         episode: the resampled token's; 0 for an episode played from its first prompt).
       phase: what the episode's environment request in flight is for: ``"reset"`` (first
@@ -83,6 +87,7 @@ class Episode:
     source: tuple | None = None
     ended_turn: bool = False
     turns: list = dataclasses.field(default_factory=list)
+    branchable: bool = True
     branch_position: int = 0
     phase: str = "step"
     pending: str | None = None
@@ -250,7 +255,7 @@ class EpisodePlayer:
     def start_later(self, keys) -> None:
         """Reset episodes ``keys`` while the engine runs; each starts when its observation comes."""
         for k, g in keys:
-            self.episodes[(k, g)] = Episode(key=(k, g), phase="reset")
+            self.episodes[(k, g)] = Episode(key=(k, g), phase="reset", branchable=False)
             self.pool.reset((k, g), self.task.setup(self.examples[k]))
 
     def branch(self, parent: Episode, position: int, keys) -> None:
@@ -262,7 +267,7 @@ class EpisodePlayer:
         for ek in keys:
             child = parent.prefix(turn)
             child.key, child.branch_position, child.phase = ek, int(position), "branch"
-            child.turns = list(parent.turns[:turn])
+            child.turns, child.branchable = [], False   # not branched again: no turn caches
             self.episodes[ek] = child
         self.engine.submit_branch(res, [row], [offset], [len(keys)],
                                   row_keys=jnp.stack([self._turn_key(self.episodes[ek], turn)
@@ -290,7 +295,7 @@ class EpisodePlayer:
             ep.pieces.append((ids, res.policy_logprobs[i, :n], res.logprobs[i, :n], turn,
                               self.task.search_mask(self.tokenizer, ids)))
             ep.source = (res, i)
-            if self.keep_turns:
+            if self.keep_turns and ep.branchable:
                 ep.turns.append((res, i))
             ep.ended_turn = bool(n and self.eos is not None and ids[-1] == self.eos)
             action = self.task.parse_action(_decode(self.tokenizer, ids))
