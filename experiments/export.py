@@ -37,6 +37,8 @@ import sys
 
 from absl import app, flags, logging
 
+from hindsight import storage
+
 DTYPES = ("float32", "bfloat16")
 
 _OUT = flags.DEFINE_string("out", None, "the HF folder to write (must not exist, or be empty)")
@@ -55,11 +57,10 @@ class ExportError(ValueError):
 def checkpoint_steps(workdir: str) -> list[int]:
     """The saved steps under ``<workdir>/checkpoints`` (orbax names each step's folder by its
     number), ascending; ``[]`` when there are none."""
-    folder = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(folder):
+    folder = storage.run_path(workdir) / "checkpoints"
+    if not folder.is_dir():
         return []
-    return sorted(int(n) for n in os.listdir(folder)
-                  if n.isdigit() and os.path.isdir(os.path.join(folder, n)))
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and p.is_dir())
 
 
 def check_arguments(workdir: str, out: str, *, step: int | None = None) -> int:
@@ -69,10 +70,10 @@ def check_arguments(workdir: str, out: str, *, step: int | None = None) -> int:
       ExportError naming the argument: a ``workdir`` that is no run directory or has no
       checkpoint (at ``step``), an ``out`` that exists and is not an empty directory.
     """
-    if not os.path.isdir(workdir):
+    if not storage.run_path(workdir).is_dir():
         raise ExportError(f"workdir {workdir!r} is not a directory (expected the run directory of "
                           f"`python -m experiments.run`)")
-    if not os.path.isfile(os.path.join(workdir, "config.json")):
+    if not (storage.run_path(workdir) / "config.json").exists():
         raise ExportError(f"workdir {workdir!r} holds no run (no config.json)")
     steps = checkpoint_steps(workdir)
     if not steps:

@@ -16,25 +16,26 @@ import os
 
 import numpy as np
 
+from hindsight import storage
+
+
+def _shown(workdir: str, out: str) -> str:
+    """A run directory as the report names it: relative to the report, or its URI."""
+    return os.path.relpath(workdir, out) if storage.is_local(workdir) else workdir
+
 
 def read_run(workdir: str) -> dict:
     """``{"name", "config", "steps": [metrics rows with a loss], "evals": [(step, reward)],
     "samples": [...]}`` of one run directory."""
-    def lines(name):
-        path = os.path.join(workdir, name)
-        if not os.path.exists(path):
-            return []
-        with open(path, encoding="utf-8") as f:
-            return [json.loads(x) for x in f if x.strip()]
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    metrics = lines("metrics.jsonl")
+    folder = storage.run_path(workdir)
+    config = storage.read_json(folder / "config.json")
+    metrics = storage.read_jsonl(folder / "metrics.jsonl")
     # A resumed run may repeat a step (the interrupted one): keep the last record of each.
     steps = {r["step"]: r for r in metrics if "loss" in r}
     evals = {r["step"]: r["eval_reward"] for r in metrics if "eval_reward" in r}
     return {"name": config["method"], "config": config,
             "steps": [steps[k] for k in sorted(steps)], "evals": sorted(evals.items()),
-            "samples": lines("samples.jsonl")}
+            "samples": storage.read_jsonl(folder / "samples.jsonl")}
 
 
 def token_economics(grpo: dict, hdl: dict, *, skip_first: bool = True) -> dict:
@@ -180,7 +181,7 @@ def write_report(workdirs: list[str], out: str, *, title: str = "hindsight run r
         lines += [headline, ""]
     for run in runs:
         c = run["config"]
-        lines.append(f"* **{run['name']}** (`{os.path.relpath(workdirs[runs.index(run)], out)}`):"
+        lines.append(f"* **{run['name']}** (`{_shown(workdirs[runs.index(run)], out)}`):"
                      f" model `{c['model']['name']}`, task `{c['task']['name']}`, "
                      f"{c['rollout']['prompts_per_step']} prompts/step, max "
                      f"{c['rollout']['max_new_tokens']} new tokens, {len(run['steps'])} steps; "

@@ -76,7 +76,7 @@ def main(argv) -> int:
     from hindsight.train.stages import is_multi_stage, run_stages
 
     config = _CONFIG.value
-    keys = ("workdir", "final_step", "interrupted", "stop_signal", "eval_reward")
+    keys = ("workdir", "start_step", "final_step", "interrupted", "stop_signal", "eval_reward")
     try:
         if is_multi_stage(config):
             summaries = run_stages(config, _WORKDIR.value, progress=_PROGRESS.value)

@@ -6,6 +6,9 @@ Layers (arrows are the only import direction)::
     models -> sampling -> rollout ---^
     tasks (verifiers) -------------------------^
 
+``storage`` (run files through ``etils.epath``: local folders and ``gs://`` alike) is used by
+rollout, train and the experiments.
+
 Subpackages are imported on first attribute access (``hs.models``), so ``import hindsight`` stays
 cheap and never pulls the model loaders' heavy dependencies into a notebook that only wants signals.
 """

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Sequence
 
 import jax
 
+from hindsight import storage
 from hindsight._registry import Registry
 from hindsight.rollout.collect import RolloutConfig
 from hindsight.sampling import SamplingParams
@@ -103,9 +103,9 @@ def check_preparation(method) -> None:
         PREPARATIONS.get(method.prepare)
 
 
-def result_path(workdir: str, name: str) -> str:
-    """Where preparation ``name``'s result of the run in ``workdir`` is kept."""
-    return os.path.join(workdir, "prepare", f"{name}.json")
+def result_path(workdir: str, name: str):
+    """Where preparation ``name``'s result of the run in ``workdir`` is kept (an ``epath.Path``)."""
+    return storage.run_path(workdir) / "prepare" / f"{name}.json"
 
 
 def prepare_task(method, task, model, tokenizer, *, inputs: PrepareInputs,
@@ -124,16 +124,12 @@ def prepare_task(method, task, model, tokenizer, *, inputs: PrepareInputs,
         return task
     prep = PREPARATIONS.get(method.prepare)()
     path = None if workdir is None else result_path(workdir, method.prepare)
-    if path is not None and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            result = json.load(f)
+    if path is not None and path.exists():
+        result = storage.read_json(path)
     else:
         result = prep.compute(task, model, tokenizer, config=method.config, inputs=inputs)
         # the same round trip a resumed run makes, so both apply exactly the same values
         result = json.loads(json.dumps(result))
         if path is not None and jax.process_index() == 0:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(result, f)
-            os.replace(path + ".tmp", path)  # a run killed while writing leaves no partial file
+            storage.write_json(path, result)  # whole or nothing: a killed run leaves no partial file
     return prep.apply(task, result, config=method.config, inputs=inputs)

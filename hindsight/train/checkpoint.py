@@ -16,6 +16,7 @@ import os
 import grain
 import orbax.checkpoint as ocp
 
+from hindsight import storage
 from hindsight.train.state import TrainState, with_shardings
 
 
@@ -23,7 +24,7 @@ from hindsight.train.state import TrainState, with_shardings
 class CheckpointConfig:
     """``directory`` (None = no checkpoints); save every ``save_every`` steps; keep the newest
     ``max_to_keep``; ``async_save`` lets training continue while arrays are written."""
-    directory: str | None = None
+    directory: str | os.PathLike | None = None
     save_every: int = 100
     max_to_keep: int = 3
     async_save: bool = True
@@ -49,7 +50,7 @@ class Checkpointer:
             max_to_keep=config.max_to_keep, save_interval_steps=config.save_every, create=True,
             enable_async_checkpointing=config.async_save)
         self._manager = ocp.CheckpointManager(
-            os.path.abspath(config.directory), options=options,
+            storage.run_path(config.directory), options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(),
                            "data": grain.checkpoint.CheckpointHandler(),
                            "meta": ocp.JsonCheckpointHandler()})

@@ -48,8 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import os
 import signal
 import sys
 import threading
@@ -60,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from hindsight import storage
 from hindsight.methods import LMHead
 from hindsight.rollout import (EpisodeOptions, GenerationOptions, PrepareInputs, RolloutConfig,
                                TreeOptions, check_preparation, collect, prepare_task)
@@ -77,7 +76,7 @@ from hindsight.train.experiment import (ConfigError, Experiment, ExperimentConfi
                                         NonFiniteError, config_differences,
                                         initialize_from_config, resolve)
 from hindsight.train.mesh import make_mesh, model_rules
-from hindsight.train.metrics import MetricsConfig, MetricsLogger, truncate_jsonl
+from hindsight.train.metrics import MetricsConfig, MetricsLogger
 from hindsight.train.optim import make_optimizer, make_schedule
 from hindsight.train.state import create_train_state
 from hindsight.train.step import StepConfig, make_train_step
@@ -312,18 +311,15 @@ def preflight(xp: Experiment):
 
 def _prepare_workdir(workdir: str, resolved: dict) -> None:
     """Write ``config.json``, or check an existing one matches (a foreign run is refused)."""
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "config.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
+    path = storage.run_path(workdir) / "config.json"
+    if path.exists():
+        saved = storage.read_json(path)
         diff = config_differences(saved, resolved)
         if diff:
             raise ConfigError(f"workdir {workdir!r} holds a run of another config (differs at "
                              f"{diff}); resume it with its own config or use a new --workdir")
     if jax.process_index() == 0:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(resolved, f, indent=2, sort_keys=True)
+        storage.write_json(path, resolved, indent=2, sort_keys=True)
 
 
 class _StopFlag:
@@ -437,11 +433,10 @@ def _train_state(xp: Experiment, model, tx, mesh):
 def warm_start(model, section, mesh):
     """``model`` with the params of the latest checkpoint of the run in ``section.init_from``
     (a previous stage), which must have trained the same ``model.name``."""
-    path = os.path.join(section.init_from, "config.json")
-    if not os.path.isfile(path):
+    path = storage.run_path(section.init_from) / "config.json"
+    if not path.exists():
         raise ConfigError(f"model.init_from={section.init_from!r} holds no run (no config.json)")
-    with open(path, encoding="utf-8") as f:
-        previous = json.load(f)["model"]
+    previous = storage.read_json(path)["model"]
     for key in ("name", "scan_layers"):  # the same parameter tree
         if previous[key] != getattr(section, key):
             raise ConfigError(f"model.init_from={section.init_from!r} trained model.{key}="
@@ -462,16 +457,15 @@ def trained_policy(workdir: str, *, step: int | None = None):
       ConfigError when ``workdir`` holds no run config; FileNotFoundError when it has no
       checkpoint (at ``step``).
     """
-    path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(path):
+    path = storage.run_path(workdir) / "config.json"
+    if not path.exists():
         raise ConfigError(f"--checkpoint={workdir!r} holds no run (no config.json)")
-    with open(path, encoding="utf-8") as f:
-        xp = resolve(json.load(f))
+    xp = resolve(storage.read_json(path))
     mesh = make_mesh(xp.config.train.mesh)
     model, tokenizer = load_policy(xp.config.model, mesh)
     tx = make_optimizer(xp.config.train.optim, param_dtype=xp.config.model.param_dtype)
     state, shardings, model_def = _train_state(xp, model, tx, mesh)
-    ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints")))
+    ckpt = Checkpointer(CheckpointConfig(directory=storage.run_path(workdir) / "checkpoints"))
     try:
         state, _ = ckpt.restore(jax.eval_shape(lambda s: s, state), shardings, step=step)
         saved = ckpt.latest_step if step is None else step
@@ -485,7 +479,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     ``workdir``, resuming from its latest checkpoint when there is one.
 
     Returns:
-      The metrics summary plus ``final_step``, ``interrupted`` (bool), ``stop_signal`` (the
+      The metrics summary plus ``start_step`` (the checkpoint step this invocation resumed from,
+      0 for a fresh run), ``final_step``, ``interrupted`` (bool), ``stop_signal`` (the
       signal's name, e.g. ``"SIGTERM"``, or None), ``workdir`` and ``eval_reward`` (the list of
       ``(step, reward)`` evaluations of this invocation) and ``process_generated_tokens`` (the
       tokens this process sampled in this invocation). A run that already holds
@@ -506,8 +501,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
 
     mesh = make_mesh(t.mesh)
     model, tokenizer = load_policy(exp.model, mesh)
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    if exp.model.init_from is not None and not (os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir)):
+    ckpt_dir = storage.run_path(workdir) / "checkpoints"
+    if exp.model.init_from is not None and not (ckpt_dir.exists() and any(ckpt_dir.iterdir())):
         model = warm_start(model, exp.model, mesh)  # a run with checkpoints resumes from them
     # the method's preparation (Neuron-OPSD's data selection) with the frozen initial policy, or
     # its result saved by the first run in this directory
@@ -530,7 +525,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     update_method = (None if method.update_state is None else
                      jax.jit(lambda s, m: s.replace(method_state=method.update(s.method_state, m)),
                              donate_argnums=(0,)))
-    ckpt = Checkpointer(CheckpointConfig(directory=os.path.join(workdir, "checkpoints"),
+    ckpt = Checkpointer(CheckpointConfig(directory=ckpt_dir,
                                          save_every=t.save_every, max_to_keep=t.max_to_keep))
     if ckpt.latest_step is not None:
         abstract = jax.eval_shape(lambda s: s, state)
@@ -541,8 +536,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     if start >= t.num_steps:  # finished: report it, write nothing
         ckpt.close()
         summary = MetricsLogger.read_summary(workdir, up_to=start)
-        summary.update(final_step=start, interrupted=False, stop_signal=None, workdir=workdir,
-                       eval_reward=[], process_generated_tokens=0)
+        summary.update(start_step=start, final_step=start, interrupted=False, stop_signal=None,
+                       workdir=workdir, eval_reward=[], process_generated_tokens=0)
         if progress and jax.process_index() == 0:
             print(f"[hindsight] {workdir} already holds {start} steps (train.num_steps="
                   f"{t.num_steps}): nothing to train", flush=True)
@@ -569,10 +564,9 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     stop = _StopFlag()
     saved_at, nonfinite = start, 0
     primary = jax.process_index() == 0
-    if primary:
-        truncate_jsonl(os.path.join(workdir, "samples.jsonl"), start if start > 0 else -1)
-    with stop.installed(), open(os.path.join(workdir, "samples.jsonl") if primary else os.devnull,
-                                "a", encoding="utf-8") as samples, \
+    samples = (storage.JsonlLog(storage.run_path(workdir) / "samples.jsonl",
+                                keep_through=start if start > 0 else -1) if primary else None)
+    with stop.installed(), (samples or contextlib.nullcontext()), \
             (pool or contextlib.nullcontext()):
         if start == 0 and exp.eval.num_examples:
             evals.append((0, evaluate(policy(), tokenizer, task, exp,
@@ -629,8 +623,8 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                                                  pool=pool)))
                 record["eval_reward"] = evals[-1][1]
             logger.write(step + 1, record)
-            samples.write(json.dumps(_sample_record(step + 1, stats)) + "\n")
-            samples.flush()
+            if samples is not None:
+                samples.write(_sample_record(step + 1, stats))
             if ckpt.save(step + 1, state, meta={"metrics": record}):
                 saved_at = step + 1
     final = int(state.step) // per_step
@@ -638,7 +632,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
         ckpt.save(final, state, meta={"interrupted": stop.stop}, force=True)
     ckpt.close()
     summary = logger.close()
-    summary.update(final_step=final, interrupted=stop.stop, stop_signal=stop.signal,
-                   workdir=workdir, eval_reward=[list(e) for e in evals],
+    summary.update(start_step=start, final_step=final, interrupted=stop.stop,
+                   stop_signal=stop.signal, workdir=workdir, eval_reward=[list(e) for e in evals],
                    process_generated_tokens=process_tokens)
     return summary

@@ -8,14 +8,14 @@ others get no-op writers, so the same loop code runs on every host.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import time
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
+
+from hindsight import storage
 
 # Figures shown on the progress bar when a step reports them, in this order.
 BAR_KEYS = ("loss", "reward", "tokens_per_s", "step_time")
@@ -29,24 +29,6 @@ class MetricsConfig:
     jsonl: bool = True
     tensorboard: bool = True
     progress: bool = True
-
-
-def truncate_jsonl(path: str, max_step: int) -> list[dict]:
-    """Keep the records of ``path`` with ``step <= max_step`` and return them.
-
-    A run resumed from the checkpoint of step ``max_step`` logs the steps after it again; the
-    records an interrupted run wrote past its last checkpoint are dropped first, so every step
-    appears once. A missing file is an empty history.
-    """
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    kept = [r for r in records if r.get("step", 0) <= max_step]
-    if len(kept) != len(records):
-        with open(path, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in kept)
-    return kept
 
 
 def _history(records: list[dict]) -> dict[str, list[float]]:
@@ -90,17 +72,14 @@ class MetricsLogger:
         primary = jax.process_index() == 0
         self._jsonl = self._updates = self._tb = self._bar = None
         if primary and config.logdir is not None:
-            os.makedirs(config.logdir, exist_ok=True)
+            logdir = storage.run_path(config.logdir)
+            logdir.mkdir(parents=True, exist_ok=True)
             if config.jsonl:
                 # A fresh start (step 0) keeps nothing: no record of an earlier attempt survives.
                 limit = initial_step if initial_step > 0 else -1
-                kept = truncate_jsonl(os.path.join(config.logdir, "metrics.jsonl"), limit)
-                truncate_jsonl(os.path.join(config.logdir, "updates.jsonl"), limit)
-                self.history = _history(kept)
-                self._jsonl = open(os.path.join(config.logdir, "metrics.jsonl"), "a",
-                                   encoding="utf-8")
-                self._updates = open(os.path.join(config.logdir, "updates.jsonl"), "a",
-                                     encoding="utf-8")
+                self._jsonl = storage.JsonlLog(logdir / "metrics.jsonl", keep_through=limit)
+                self._updates = storage.JsonlLog(logdir / "updates.jsonl", keep_through=limit)
+                self.history = _history(self._jsonl.kept)
             if config.tensorboard:
                 # Imported here: only runs that write event files need the dependency.
                 from tensorboardX import SummaryWriter
@@ -118,8 +97,7 @@ class MetricsLogger:
         for k, v in values.items():
             self.history.setdefault(k, []).append(v)
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
-            self._jsonl.flush()
+            self._jsonl.write({"step": int(step), **values})
         if self._tb is not None:
             for k, v in values.items():
                 self._tb.add_scalar(k, v, global_step=int(step))
@@ -135,9 +113,7 @@ class MetricsLogger:
         the summary (the step's record holds their means)."""
         values = to_floats(metrics)
         if self._updates is not None:
-            self._updates.write(json.dumps({"step": int(step), "update": int(update), **where,
-                                            **values}) + "\n")
-            self._updates.flush()
+            self._updates.write({"step": int(step), "update": int(update), **where, **values})
         if self._tb is not None:
             for k, v in values.items():
                 self._tb.add_scalar(f"update/{k}", v, global_step=int(update))
@@ -151,11 +127,7 @@ class MetricsLogger:
     def read_summary(logdir: str, *, up_to: int) -> dict:
         """The summary of a finished run from its ``metrics.jsonl`` (records up to ``up_to``),
         without writing anything."""
-        path = os.path.join(logdir, "metrics.jsonl")
-        records = []
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                records = [json.loads(line) for line in f if line.strip()]
+        records = storage.read_jsonl(storage.run_path(logdir) / "metrics.jsonl")
         return summarize(_history([r for r in records if r.get("step", 0) <= up_to]), 0.0)
 
     def close(self) -> dict:
@@ -169,9 +141,8 @@ class MetricsLogger:
             self._updates.close()
         if self._jsonl is not None:
             self._jsonl.close()
-            with open(os.path.join(self.config.logdir, "summary.json"), "w",
-                      encoding="utf-8") as f:
-                json.dump(summary, f, indent=2)
+            storage.write_json(storage.run_path(self.config.logdir) / "summary.json", summary,
+                               indent=2)
         if jax.process_index() == 0 and self.config.progress:
             print(format_summary(summary))
         return summary

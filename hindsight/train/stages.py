@@ -23,9 +23,9 @@ stopped.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Mapping, Sequence
 
+from hindsight import storage
 from hindsight.train.experiment import ConfigError, ExperimentConfig, resolve
 from hindsight.train.loop import preflight, run
 
@@ -89,7 +89,7 @@ def _labelled(configs) -> list[tuple[str, dict]]:
 
 def stage_dirs(configs, workdir: str) -> list[str]:
     """The run directory of each stage."""
-    return [os.path.join(workdir, f"stage{k}-{c.get('method', ExperimentConfig.method)}")
+    return [str(storage.run_path(workdir) / f"stage{k}-{c.get('method', ExperimentConfig.method)}")
             for k, (_, c) in enumerate(_labelled(configs))]
 
 
