@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from http import HTTPStatus
 
 import pytest
 
@@ -48,16 +49,39 @@ def test_write_json_replaces_whole(tmp_path):
     assert storage.read_json(path) == {"c": 3} and os.listdir(tmp_path / "a") == ["config.json"]
 
 
+def _with_generation(download):
+    """The emulator's media download, answering with the object's generation headers as GCS does."""
+    def handler(request, response, storage, *args, **kwargs):
+        download(request, response, storage, *args, **kwargs)
+        if response.status in (HTTPStatus.OK, HTTPStatus.PARTIAL_CONTENT):
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            response["x-goog-generation"] = str(obj["generation"])
+            response["x-goog-metageneration"] = str(obj["metageneration"])
+    handler.__wrapped__ = download
+    return handler
+
+
 @pytest.fixture
 def gcs(monkeypatch):
     """A GCS server on localhost (``gcp-storage-emulator``, in memory) holding bucket ``bucket``;
     yields the environment that points ``gcsfs`` (epath), TensorStore (orbax) and
     ``google-cloud-storage`` (TensorBoard) at it, also set in this process."""
-    from gcp_storage_emulator.server import create_server
+    from gcp_storage_emulator import server as emulator
+    from gcp_storage_emulator.handlers import objects
+    # GCS answers a media download with the object's generation in `x-goog-generation`, and
+    # TensorStore (orbax's OCDBT manifest) conditions its next read or write on it; the emulator
+    # leaves the header out, and checkpoints then fail now and then with "Malformed
+    # StorageGeneration". Serve the header as GCS does (the object GET with alt=media calls the
+    # module's `download`, the download routes hold the function itself).
+    download = _with_generation(objects.download)
+    monkeypatch.setattr(objects, "download", download)
+    monkeypatch.setattr(emulator, "HANDLERS", tuple(
+        (regex, {m: download if h is download.__wrapped__ else h for m, h in table.items()})
+        for regex, table in emulator.HANDLERS))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bucket")
+    server = emulator.create_server("127.0.0.1", port, in_memory=True, default_bucket="bucket")
     server.start()
     url = f"http://127.0.0.1:{port}"
     env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
