@@ -57,10 +57,11 @@ class MLPReduce(NamedTuple):
 class Block(nnx.Module):
     """Pre-norm decoder layer: `h + attn(norm(h))`, then `h + mlp(norm(h))`."""
 
-    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, attention: str, rngs: nnx.Rngs):
         norm_kw = dict(eps=cfg.rms_norm_eps, dtype=dtype, param_dtype=param_dtype)
         self.attn_norm = RMSNorm(cfg.hidden_size, **norm_kw)
-        self.attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, attention=attention,
+                              rngs=rngs)
         self.mlp_norm = RMSNorm(cfg.hidden_size, **norm_kw)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, param_dtype=param_dtype,
                           rngs=rngs)
@@ -86,26 +87,30 @@ class Decoder(nnx.Module):
       param_dtype: storage dtype of the parameters.
       scan_layers: stacked layer parameters + `lax.scan` (True) or an unrolled per-layer loop.
       remat: rematerialize each layer in the backward pass (`jax.checkpoint`).
+      attention: the attention implementation (`hindsight.models.attention.ATTENTION_CHOICES`;
+        "auto" picks per backend).
       rngs: initializer keys (`rngs.params`).
     """
 
     def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 scan_layers: bool = True, remat: bool = False, rngs: nnx.Rngs):
+                 scan_layers: bool = True, remat: bool = False, attention: str = "auto",
+                 rngs: nnx.Rngs):
         self.config = cfg
         self.dtype, self.param_dtype = dtype, param_dtype
-        self.scan_layers, self.remat = scan_layers, remat
+        self.scan_layers, self.remat, self.attention = scan_layers, remat, attention
         init = jax.nn.initializers.normal(stddev=0.02)
         self.embed = nnx.Param(init(rngs.params(), (cfg.vocab_size, cfg.hidden_size), param_dtype))
         block_kw = dict(dtype=dtype, param_dtype=param_dtype)
+        layer_kw = dict(block_kw, attention=attention)
         if scan_layers:
             @nnx.split_rngs(splits=cfg.num_layers)
             @nnx.vmap(in_axes=(0,), out_axes=0)
             def stacked(layer_rngs):
-                return Block(cfg, rngs=layer_rngs, **block_kw)
+                return Block(cfg, rngs=layer_rngs, **layer_kw)
 
             self.layers = stacked(rngs)
         else:
-            self.layers = nnx.List([Block(cfg, rngs=rngs, **block_kw) for _ in range(cfg.num_layers)])
+            self.layers = nnx.List([Block(cfg, rngs=rngs, **layer_kw) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, **block_kw)
         self.lm_head = (None if cfg.tie_embeddings else
                         nnx.Param(init(rngs.params(), (cfg.hidden_size, cfg.vocab_size), param_dtype)))
@@ -217,7 +222,8 @@ def unrolled(model: Decoder) -> Decoder:
         return model
     out = nnx.eval_shape(lambda: Decoder(model.config, dtype=model.dtype,
                                          param_dtype=model.param_dtype, scan_layers=False,
-                                         remat=model.remat, rngs=nnx.Rngs(0)))
+                                         remat=model.remat, attention=model.attention,
+                                         rngs=nnx.Rngs(0)))
     stacked = nnx.state(model.layers)
     for i, block in enumerate(out.layers):
         nnx.update(block, jax.tree.map(lambda x, i=i: x[i], stacked))

@@ -175,18 +175,20 @@ def model_config(name_or_path: str, *, cache_dir: str | None = None) -> ModelCon
 
 
 def abstract_model(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                   scan_layers: bool = True, remat: bool = False,
+                   scan_layers: bool = True, remat: bool = False, attention: str = "auto",
                    cache_dir: str | None = None) -> Decoder:
     """The `Decoder` of `name_or_path` with `jax.ShapeDtypeStruct` parameters (`nnx.eval_shape`):
     its shapes and dtypes, no weights read and nothing allocated. Works offline for the
     config-only entries. Arguments as `load`."""
     cfg = model_config(name_or_path, cache_dir=cache_dir)
     return nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=param_dtype,
-                                          scan_layers=scan_layers, remat=remat, rngs=nnx.Rngs(0)))
+                                          scan_layers=scan_layers, remat=remat,
+                                          attention=attention, rngs=nnx.Rngs(0)))
 
 
 def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh: Mesh | None = None,
-         scan_layers: bool = True, remat: bool = False, rules=DEFAULT_RULES, tokenizer: bool = True,
+         scan_layers: bool = True, remat: bool = False, attention: str = "auto",
+         rules=DEFAULT_RULES, tokenizer: bool = True,
          cache_dir: str | None = None):
     """Load `(model, tokenizer)` from a registry name, an HF folder or a `.gguf` path.
 
@@ -194,7 +196,8 @@ def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh:
       name_or_path: e.g. "smollm2-135m-instruct" (the embedded default), "qwen2.5-coder-0.5b-instruct",
         "/path/to/hf_folder", "/path/to/model.gguf" (a config-only entry is refused:
         `ConfigOnlyError`).
-      dtype / param_dtype / mesh / scan_layers / remat / rules: see `Decoder` and `load_hf_folder`.
+      dtype / param_dtype / mesh / scan_layers / remat / attention / rules: see `Decoder` and
+        `load_hf_folder`.
       tokenizer: also load the tokenizer (with chat template) from the folder or the GGUF; if False
         the second element is None.
       cache_dir: where reassembled registry files and converted GGUF tokenizers live (default
@@ -202,7 +205,7 @@ def load(name_or_path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh:
     """
     path = resolve(name_or_path, cache_dir=cache_dir)
     kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, scan_layers=scan_layers, remat=remat,
-              rules=rules)
+              attention=attention, rules=rules)
     if os.path.isdir(path):
         tok = _hf_tokenizer(path) if tokenizer else None  # first: a missing tokenizer fails fast
         model = load_hf_folder(path, **kw)

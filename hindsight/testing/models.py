@@ -21,16 +21,16 @@ TINY = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_s
                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8)
 
 
-@nnx.jit(static_argnums=1)
-def _build(key, config):
-    return Decoder(config, scan_layers=False, rngs=nnx.Rngs(key))
+@nnx.jit(static_argnums=(1, 2))
+def _build(key, config, attention):
+    return Decoder(config, scan_layers=False, attention=attention, rngs=nnx.Rngs(key))
 
 
-def tiny_model(seed: int = 0, config: ModelConfig = TINY) -> Decoder:
+def tiny_model(seed: int = 0, config: ModelConfig = TINY, *, attention: str = "auto") -> Decoder:
     """A random fp32 decoder (2 layers, hidden 32, vocab 64), built under ``nnx.jit`` (eager NNX
     construction is slow; the seed is traced, so every seed shares one compile). Layers are
     unrolled (``scan_layers=False``): for two layers that compiles faster than a scan."""
-    return _build(jax.random.key(seed), config)
+    return _build(jax.random.key(seed), config, attention)
 
 
 CHAR_VOCAB = 128
@@ -57,9 +57,9 @@ class CharTokenizer:
         return [CHAR_BOS] + self.encode(text) if tokenize else text
 
 
-def char_model(seed: int = 0) -> Decoder:
+def char_model(seed: int = 0, *, attention: str = "auto") -> Decoder:
     """:func:`tiny_model` over :class:`CharTokenizer`'s 128 ids."""
-    return tiny_model(seed, dataclasses.replace(TINY, vocab_size=CHAR_VOCAB))
+    return tiny_model(seed, dataclasses.replace(TINY, vocab_size=CHAR_VOCAB), attention=attention)
 
 
 @nnx.jit

@@ -91,7 +91,8 @@ def _abstract_policy(section):
         return nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=param_dtype,
                                               scan_layers=False, rngs=nnx.Rngs(0)))
     return abstract_model(section.name, dtype=dtype, param_dtype=param_dtype,
-                          scan_layers=section.scan_layers, remat=getattr(section, "remat", False))
+                          scan_layers=section.scan_layers, remat=getattr(section, "remat", False),
+                          attention=getattr(section, "attention", "auto"))
 
 
 def _sharded(model, mesh):

@@ -38,6 +38,7 @@ import typing
 from collections.abc import Mapping
 
 from hindsight._validation import check_choice
+from hindsight.models.attention import ATTENTION_CHOICES
 from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT
 from hindsight.train.mesh import DistributedConfig, MeshConfig, initialize_distributed
 from hindsight.train.optim import OptimConfig
@@ -70,7 +71,10 @@ class ModelSection:
     each layer in the backward pass (the train step's activation memory drops to one layer's).
     ``init_from``: a run directory whose latest checkpoint's params start this run (the previous
     stage of a multi-stage experiment, :mod:`hindsight.train.stages`; its ``model.name`` must be
-    this one's); a run that has checkpoints of its own resumes from them instead. The
+    this one's); a run that has checkpoints of its own resumes from them instead. ``attention``:
+    the attention implementation (:data:`hindsight.models.attention.ATTENTION`: ``xla``,
+    ``chunked``, ``cudnn``; ``auto`` picks ``cudnn`` on a GPU computing in bf16 / fp16 and
+    ``chunked`` elsewhere). The
     config-only entries ``qwen3-8b`` and ``llama-3.1-8b`` (no weights) serve ``--dry_run``
     (:mod:`hindsight.train.dry_run`) and are refused by a run."""
     name: str = "smollm2-135m-instruct"
@@ -78,11 +82,13 @@ class ModelSection:
     param_dtype: str = "float32"
     scan_layers: bool = True
     remat: bool = True
+    attention: str = "auto"
     init_from: str | None = None
 
     def __post_init__(self):
         check_choice("model.dtype", self.dtype, DTYPES)
         check_choice("model.param_dtype", self.param_dtype, DTYPES)
+        check_choice("model.attention", self.attention, ATTENTION_CHOICES)
 
 
 @dataclasses.dataclass(frozen=True)

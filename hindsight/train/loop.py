@@ -89,13 +89,13 @@ def load_policy(section, mesh):
     """``(model, tokenizer)`` for the config's model section, params in ``section.param_dtype``."""
     if section.name == TINY_MODEL:
         from hindsight.testing import CharTokenizer, char_model
-        graphdef, params, rest = nnx.split(char_model(0), nnx.Param, ...)
+        graphdef, params, rest = nnx.split(char_model(0, attention=section.attention), nnx.Param, ...)
         params = jax.tree.map(lambda p: p.astype(section.param_dtype), params)
         return nnx.merge(graphdef, params, rest), CharTokenizer()
     from hindsight.models import load
     return load(section.name, dtype=jnp.dtype(section.dtype),
                 param_dtype=jnp.dtype(section.param_dtype), mesh=mesh,
-                scan_layers=section.scan_layers, remat=section.remat)
+                scan_layers=section.scan_layers, remat=section.remat, attention=section.attention)
 
 
 def _tokenizer_of(name: str):

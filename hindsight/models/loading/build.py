@@ -64,13 +64,15 @@ class NameRule:
 def build_model(cfg: ModelConfig, tensors: Sequence[SourceTensor], table: Sequence[NameRule], *,
                 origin: str, ignore: Callable[[str], bool] = lambda name: False,
                 dtype=jnp.float32, param_dtype=jnp.float32, scan_layers: bool = True,
-                remat: bool = False, mesh: Mesh | None = None, rules=DEFAULT_RULES) -> Decoder:
+                remat: bool = False, attention: str = "auto", mesh: Mesh | None = None,
+                rules=DEFAULT_RULES) -> Decoder:
     """Check every source tensor against `cfg`, then build a loaded `Decoder` (see module doc).
 
     `origin` names the checkpoint (folder / file) in errors; `ignore(name)` marks file tensors that
     are legitimately unused (e.g. a tied `lm_head.weight`)."""
     abstract = nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=param_dtype,
-                                              scan_layers=scan_layers, remat=remat, rngs=nnx.Rngs(0)))
+                                              scan_layers=scan_layers, remat=remat,
+                                              attention=attention, rngs=nnx.Rngs(0)))
     graphdef, abstract_state = nnx.split(abstract)
     targets = [(param_path(p), tuple(var.shape)) for p, var in nnx.to_flat_state(abstract_state)]
     plan = _plan(targets, tensors, table, origin=origin, ignore=ignore, scan_layers=scan_layers,

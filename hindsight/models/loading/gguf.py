@@ -107,7 +107,8 @@ def gguf_config(reader, path: str) -> ModelConfig:
 
 
 def load_gguf(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh: Mesh | None = None,
-              scan_layers: bool = True, remat: bool = False, rules=DEFAULT_RULES) -> Decoder:
+              scan_layers: bool = True, remat: bool = False, attention: str = "auto",
+              rules=DEFAULT_RULES) -> Decoder:
     """Load a `Decoder` from a `.gguf` file (any quantization `gguf` can dequantize).
 
     Every tensor's shape is checked against the metadata before anything is dequantized.
@@ -124,7 +125,8 @@ def load_gguf(path: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh: Me
     tensors = [SourceTensor(name=t.name, file=path, shape=tuple(int(n) for n in reversed(t.shape)),
                             read=lambda t=t: _dequantize(t)) for t in reader.tensors]
     return build_model(cfg, tensors, GGUF_TABLE, origin=path, dtype=dtype, param_dtype=param_dtype,
-                       scan_layers=scan_layers, remat=remat, mesh=mesh, rules=rules)
+                       scan_layers=scan_layers, remat=remat, attention=attention, mesh=mesh,
+                       rules=rules)
 
 
 def _dequantize(t) -> np.ndarray:

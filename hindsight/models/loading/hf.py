@@ -64,14 +64,15 @@ def safetensors_files(folder: str) -> list[str]:
 
 
 def load_hf_folder(folder: str, *, dtype=jnp.float32, param_dtype=jnp.float32, mesh: Mesh | None = None,
-                   scan_layers: bool = True, remat: bool = False, rules=DEFAULT_RULES) -> Decoder:
+                   scan_layers: bool = True, remat: bool = False, attention: str = "auto",
+                   rules=DEFAULT_RULES) -> Decoder:
     """Load a `Decoder` from an HF folder; every tensor is checked before any parameter is created.
 
     Args:
       folder: holds `config.json` and safetensors weights.
       dtype / param_dtype: compute and storage dtypes.
       mesh: place parameters directly with the partition `rules` (None: default device).
-      scan_layers / remat: see `Decoder`.
+      scan_layers / remat / attention: see `Decoder`.
     Raises:
       UnsupportedModelError (family / feature), WeightLoadError (missing, unexpected or misshapen
       tensor, naming file and tensor), FileNotFoundError.
@@ -83,7 +84,7 @@ def load_hf_folder(folder: str, *, dtype=jnp.float32, param_dtype=jnp.float32, m
             tensors.extend(_file_tensors(stack, path))
         return build_model(cfg, tensors, HF_TABLE, origin=folder, ignore=_ignorable(cfg),
                            dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat,
-                           mesh=mesh, rules=rules)
+                           attention=attention, mesh=mesh, rules=rules)
 
 
 def _ignorable(cfg: ModelConfig):
