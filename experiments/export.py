@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 from absl import app, flags, logging
@@ -109,36 +108,14 @@ def export_run(workdir: str, out: str, *, dtype: str | None = None, step: int | 
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     step = check_arguments(workdir, out, step=step)
-    import jax.numpy as jnp
-    from transformers import GenerationConfig
-
-    from hindsight.models.loading.export import (HF_CLASSES, MAX_SHARD_BYTES, decoder_params,
-                                                 hf_config, hf_tensors, write_safetensors)
+    from hindsight.models.loading.export import save_hf_folder
     from hindsight.train.loop import trained_policy
 
     model, tokenizer, step = trained_policy(workdir, step=step)
-    params = decoder_params(model)
-    dtype = dtype or params["embed"].dtype.name  # every param shares the model's param_dtype
-    tensors = hf_tensors(params, model.config, dtype=jnp.dtype(dtype))
-    tokenizer = hf_tokenizer(tokenizer)
-    ids = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.partial-{os.getpid()}")
-    os.makedirs(tmp)
-    try:
-        write_safetensors(tmp, tensors, max_shard_bytes=max_shard_bytes or MAX_SHARD_BYTES)
-        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-            json.dump(hf_config(model.config, dtype=dtype, **ids), f, indent=2, sort_keys=True)
-        GenerationConfig(**{k: v for k, v in ids.items() if v is not None}).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)  # an empty `out` is replaced; a reader never sees half a folder
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    written = save_hf_folder(model, hf_tokenizer(tokenizer), out, dtype=dtype,
+                             max_shard_bytes=max_shard_bytes)
     return {"out": out, "workdir": workdir, "step": step,
-            "architecture": HF_CLASSES[model.config.family][1], "dtype": dtype,
-            "files": sorted(os.listdir(out)),
-            "num_params": int(sum(t.size for t in tensors.values()))}
+            **{k: written[k] for k in ("architecture", "dtype", "files", "num_params")}}
 
 
 def main(argv) -> int:

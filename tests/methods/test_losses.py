@@ -278,8 +278,10 @@ def test_method_loss(name, models, batch, dense):
     for key, (s, c) in metrics.items():
         assert np.isfinite(float(s)) and np.isfinite(float(c)), key
 
-    # Chunked path + target_index alignment == materialised dense logits.
-    np.testing.assert_allclose(float(full.value()), reference, rtol=1e-5, atol=1e-7)
+    # Chunked path + target_index alignment == materialised dense logits. Both are float32 sums
+    # in different orders (the head's blocks vs one dense softmax); a fresh clone's 2-worker run
+    # measured 1.3e-5 relative for beta_opsd (1e-5 passed in every earlier run), so 3e-5.
+    np.testing.assert_allclose(float(full.value()), reference, rtol=3e-5, atol=1e-7)
 
     # Micro-batch invariance: whole-group halves add up to the full batch. The decoder's and the
     # LM head's float32 results differ in the last bits between batch sizes and block layouts;

@@ -4,6 +4,7 @@
     tensors = hf_tensors(decoder_params(model), model.config, dtype=jnp.bfloat16)
     config = hf_config(model.config, dtype="bfloat16", eos_token_id=2)
     write_safetensors(folder, tensors)          # model.safetensors, or shards + index above 5 GB
+    save_hf_folder(model, tokenizer, out)       # all of it: weights, config, tokenizer, whole or nothing
 
 Layout (the inverse of `HF_TABLE`): a kernel `[in, out]` is written as the torch Linear weight
 `[out, in]`; stacked layers `[L, ...]` (scan layout) are split into `model.layers.<i>.*`; a tied
@@ -18,6 +19,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from typing import Mapping
 
 import jax
@@ -172,3 +174,36 @@ def write_safetensors(folder: str, tensors: Mapping[str, np.ndarray], *,
     with open(os.path.join(folder, INDEX_FILE), "w", encoding="utf-8") as f:
         json.dump(index, f, indent=2)
     return names + [INDEX_FILE]
+
+
+def save_hf_folder(model: Decoder, tokenizer, out: str, *, dtype: str | None = None,
+                   max_shard_bytes: int | None = None) -> dict:
+    """Write ``model`` and its transformers ``tokenizer`` to the HF folder ``out`` (a new or empty
+    directory): safetensors (cast to ``dtype``, None: the params' own; shards above
+    ``max_shard_bytes``, None: 5 GB), ``config.json``, ``generation_config.json`` (the tokenizer's
+    BOS / EOS / pad ids) and the tokenizer files. Written under a temporary name and renamed when
+    complete, so ``out`` never holds a partial folder. Returns ``{"out", "architecture", "dtype",
+    "files", "num_params"}``."""
+    import jax.numpy as jnp
+    from transformers import GenerationConfig
+
+    params = decoder_params(model)
+    dtype = dtype or params["embed"].dtype.name  # every param shares the model's param_dtype
+    tensors = hf_tensors(params, model.config, dtype=jnp.dtype(dtype))
+    ids = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    parent = os.path.dirname(os.path.abspath(out))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.partial-{os.getpid()}")
+    os.makedirs(tmp)
+    try:
+        write_safetensors(tmp, tensors, max_shard_bytes=max_shard_bytes or MAX_SHARD_BYTES)
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(hf_config(model.config, dtype=dtype, **ids), f, indent=2, sort_keys=True)
+        GenerationConfig(**{k: v for k, v in ids.items() if v is not None}).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, out)  # an empty `out` is replaced; a reader never sees half a folder
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"out": out, "architecture": HF_CLASSES[model.config.family][1], "dtype": dtype,
+            "files": sorted(os.listdir(out)),
+            "num_params": int(sum(t.size for t in tensors.values()))}
