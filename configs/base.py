@@ -140,7 +140,7 @@ def apply_variant(config: ml_collections.ConfigDict,
     hdl = get_method(config.method).rollout == "hdl_tree"
     if variant == "tiny":
         # The random model solves even_length about half the time: mixed rewards, a gradient.
-        config.model.name = "tiny-random"
+        config.model.update(name="tiny-random", dtype="float32")  # tests compare float32 numbers
         config.task.name = "even_length"
         config.rollout.update(prompts_per_step=2, max_new_tokens=24, slots=16,
                               reflection_max_tokens=16, hindsight_reflection_tokens=16,
@@ -155,7 +155,7 @@ def apply_variant(config: ml_collections.ConfigDict,
     elif variant == "tiny-textgame":
         # episodes in the test environment: the random model mostly writes invalid actions, so
         # rewards are rare; this variant exercises the episode path end to end in seconds
-        config.model.name = "tiny-random"
+        config.model.update(name="tiny-random", dtype="float32")
         config.task.name = "textgame"
         config.rollout.update(prompts_per_step=2, max_new_tokens=16, slots=8, max_turns=3,
                               episode_tokens=384)

@@ -104,9 +104,10 @@ def headline(summary: dict, grpo: dict, hdl: dict) -> str:
         f"{seconds(grpo, 'update_seconds'):.0f} | {seconds(hdl, 'rollout_seconds'):.0f} / "
         f"{seconds(hdl, 'update_seconds'):.0f} |"]
     share = wall / token if token > 0 else float("nan")
+    took = (f"took {wall:.0%} less wall-clock time, {share:.2f} of the token saving" if wall >= 0
+            else f"took {-wall:.0%} more wall-clock time than GRPO's")
     sentence = (f"HDL generated {token:.0%} fewer tokens than GRPO for groups of the same size "
-                f"(it reuses each root's prefix for its continuations) and its rollout took "
-                f"{wall:.0%} less wall-clock time, {share:.2f} of the token saving"
+                f"(it reuses each root's prefix for its continuations) and its rollout {took}"
                 + (": the saving shows up in time." if share >= 0.8 else
                    ": less than the token saving, because a tree's phases (roots, reflection, "
                    "scoring, continuations) run one after another and leave the engine's slots "

@@ -1,4 +1,5 @@
-"""Throughput and memory of a GRPO train step on SmolLM2-135M (CPU): dense vs chunked LM head.
+"""Throughput, model FLOPs utilisation and memory of a GRPO train step on SmolLM2-135M (CPU), in
+float32 and bf16 compute, with a dense and a chunked LM head.
 
 What is measured: one :class:`hindsight.train.TrainStep` (forward + backward + AdamW, one
 micro-batch, single device) of the GRPO method's own loss (``get_method("grpo").loss_fn``: the
@@ -24,7 +25,17 @@ It then alternates timed steps of the two forms (``dense, chunked, dense, ...``)
 the same machine load, and reports the median step time; tokens/s counts every token of the batch
 (``B * S``). The process's peak resident set is reported too (both forms together).
 
-The last stdout line is one JSON object: ``backend`` (the chunked form's backend),
+MFU. Each child also times this machine's best matmul in its dtype (float32 accumulation) at the
+step's own MLP shape ``[B*S, D] x [D, F]`` (the fastest of 7 calls): the ceiling. Model FLOPs per
+step are ``6 N B S`` (N every parameter, the tied unembedding included) plus ``2 N_layers B S``
+for the rematerialised forward; ``mfu`` = model FLOPs / chunked step time / ceiling. Both
+children start from the same weights and batch, so the first step's loss and gradient norm (the
+dense form's, taken first) show what bf16 compute changes. The default size is the demo's update (32 rows of 160 tokens).
+
+The last stdout line is one JSON object: ``mfu`` (for ``default_dtype``, what ``model.dtype="auto"``
+resolves to on this machine), per-dtype keys (``mfu_float32``, ``mfu_bfloat16``,
+``step_time_s_<dtype>``, ``first_loss_<dtype>``, ``first_grad_norm_<dtype>``, ...), ``bf16_speedup`` (float32 / bf16 step time),
+``bf16_first_loss_abs_diff``, ``bf16_first_grad_norm_rel_diff``, ``backend`` (the chunked form's backend),
 ``chunked_time_ratio`` (chunked / dense step time) and ``chunked_peak_mem_ratio`` (chunked / dense
 peak temporaries), both for float32, the same two with a ``_bfloat16`` suffix, every measurement
 and the machine (with the load average before and after).
@@ -78,6 +89,8 @@ def run_child(cfg: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from flax import nnx
+
     import hindsight.models as models
     import hindsight.train as ht
     from hindsight.methods import LMHead, get_method
@@ -88,6 +101,10 @@ def run_child(cfg: dict) -> dict:
                            remat=cfg["remat"], tokenizer=False)
     load_s = time.perf_counter() - t0
     b, s, vocab = cfg["batch"], cfg["seq"], model.config.vocab_size
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    n_embed = model.embed[...].size
+    ceiling = matmul_ceiling(jnp, b * s, model.config.hidden_size,
+                             model.config.intermediate_size, dtype)
     rows = make_rows(vocab, b, s)
     method = get_method("grpo")
     impls = {"dense": "dense", "chunked": cfg["backend"]}
@@ -112,6 +129,7 @@ def run_child(cfg: dict) -> dict:
                      "xla_temp_gib": mem.temp_size_in_bytes / GIB, "times_s": []}
         state, metrics = steps[impl](state, rows)  # warm-up (also compiles the update program)
         out[impl]["first_loss"] = float(metrics["loss"])
+        out[impl]["first_grad_norm"] = float(metrics["grad_norm"])
     # Alternate the two forms so that both see the same machine load; one state flows through
     # both steps (same structure and shardings), so memory holds a single copy of it.
     for _ in range(cfg["repeats"]):
@@ -120,11 +138,34 @@ def run_child(cfg: dict) -> dict:
             state, metrics = steps[impl](state, rows)
             jax.block_until_ready(metrics)
             out[impl]["times_s"].append(time.perf_counter() - t0)
+    # Model FLOPs: 6 N per token (forward 2, backward 4) over every parameter, the tied
+    # unembedding included, plus the rematerialised forward of the layers (2 N_layers per token)
+    flops = 6 * n_params * b * s + (2 * (n_params - n_embed) * b * s if cfg["remat"] else 0)
     for r in out.values():
         r["step_time_s"] = statistics.median(r["times_s"])
         r["tokens_per_s"] = b * s / r["step_time_s"]
+        r["model_flops"] = flops
+        r["matmul_ceiling_gflops"] = ceiling / 1e9
+        r["mfu"] = flops / r["step_time_s"] / ceiling
     out["peak_rss_gib"] = _status_bytes("VmHWM") / GIB
     return out
+
+
+def matmul_ceiling(jnp, rows: int, dim: int, hidden: int, dtype, *, repeats: int = 7) -> float:
+    """FLOP/s of this machine's best matmul in ``dtype`` (float32 accumulation) at the step's own
+    shape, the MLP's ``[rows, dim] x [dim, hidden]``: the fastest of ``repeats`` timed calls."""
+    import jax
+
+    x = jax.random.normal(jax.random.key(0), (rows, dim), dtype)
+    w = jax.random.normal(jax.random.key(1), (dim, hidden), dtype)
+    f = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
+    jax.block_until_ready(f(x, w))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(x, w))
+        best = min(best, time.perf_counter() - t0)
+    return 2 * rows * dim * hidden / best
 
 
 def run_config(cfg: dict, *, timeout: float) -> dict:
@@ -139,6 +180,7 @@ def run_config(cfg: dict, *, timeout: float) -> dict:
 
 def main(argv=None) -> dict:
     from hindsight.methods import LMHead
+    from hindsight.models.precision import auto_compute_dtype
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI size: B=4, S=256, 2 repeats")
@@ -157,9 +199,10 @@ def main(argv=None) -> dict:
         print(json.dumps(run_child(json.loads(args.child))))
         return {}
     # Logits outweigh the tied embedding's two [V, D] float32 gradient buffers only from about
-    # 2 * D = 1152 tokens per step on, so even the quick size keeps 1024 tokens.
-    batch = args.batch or (4 if args.quick else 8)
-    seq = args.seq or 256
+    # 2 * D = 1152 tokens per step on, so even the quick size keeps 1024 tokens. The full size is
+    # the demo's update: 32 rows (2 prompts x 16) of about 160 tokens.
+    batch = args.batch or (4 if args.quick else 32)
+    seq = args.seq or (256 if args.quick else 160)
     repeats = args.repeats or (2 if args.quick else 3)
     load_start = os.getloadavg()
     results, summary = [], {"benchmark": "train_step", "model": "smollm2-135m-instruct",
@@ -183,7 +226,28 @@ def main(argv=None) -> dict:
         summary[f"peak_mem_gib_dense{suffix}"] = dense["xla_temp_gib"]
         summary[f"peak_mem_gib_chunked{suffix}"] = chunked["xla_temp_gib"]
         summary[f"process_peak_rss_gib{suffix}"] = out["peak_rss_gib"]
+        summary[f"mfu_{dtype}"] = chunked["mfu"]
+        summary[f"matmul_ceiling_gflops_{dtype}"] = chunked["matmul_ceiling_gflops"]
+        summary[f"step_time_s_{dtype}"] = chunked["step_time_s"]
+        # the dense form's first step is the one taken from the initial state (the chunked form
+        # steps after it), the same state and batch in both dtypes
+        summary[f"first_loss_{dtype}"] = dense["first_loss"]
+        summary[f"first_grad_norm_{dtype}"] = dense["first_grad_norm"]
+        print(f"{dtype:>8} MFU {chunked['mfu']:.2f} of the measured {dtype} matmul ceiling "
+              f"({chunked['matmul_ceiling_gflops']:.0f} GFLOP/s; model FLOPs "
+              f"{chunked['model_flops'] / 1e12:.2f} T per step)", flush=True)
         results += [dense, chunked]
+    default = auto_compute_dtype()
+    summary["default_dtype"] = default   # what model.dtype="auto" resolves to here
+    if default in args.dtypes.split(","):
+        summary["mfu"] = summary[f"mfu_{default}"]
+    if {"float32", "bfloat16"} <= set(args.dtypes.split(",")):
+        # same weights, same batch, same first step: what bf16 compute changes
+        summary["bf16_speedup"] = summary["step_time_s_float32"] / summary["step_time_s_bfloat16"]
+        summary["bf16_first_loss_abs_diff"] = abs(summary["first_loss_bfloat16"]
+                                                  - summary["first_loss_float32"])
+        summary["bf16_first_grad_norm_rel_diff"] = abs(
+            summary["first_grad_norm_bfloat16"] / summary["first_grad_norm_float32"] - 1)
     summary["runs"] = results
     summary["machine"] = {"platform": platform.platform(), "python": platform.python_version(),
                           "cpus": os.cpu_count(), "load_avg_start": load_start,

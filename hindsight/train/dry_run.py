@@ -174,7 +174,8 @@ def dry_run(config, *, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> dict:
     """
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be a positive int, got {prompt_tokens!r}")
-    xp = resolve(config)
+    # model.dtype='auto' as on an accelerator (float32): the dry run sizes a run on one
+    xp = resolve(config, backend="accelerator")
     exp, method, t = xp.config, xp.method, xp.config.train
     mesh = make_mesh(t.mesh)
     model, params, p_sh = _sharded(_abstract_policy(exp.model), mesh)

@@ -65,7 +65,10 @@ def _positive_int(where: str, v) -> None:
 class ModelSection:
     """``name``: a registry name (``hindsight.models.load``), an HF folder, a ``.gguf`` path, or
     ``"tiny-random"`` (a 2-layer random decoder over a 128-id character tokenizer, for tests).
-    ``dtype``: activation dtype. ``param_dtype``: storage dtype of the parameters (and of their
+    ``dtype``: compute dtype (matmul operands; accumulation is float32 either way): ``"auto"``
+    (the default) resolves to ``"bfloat16"`` on a CPU with AMX and ``"float32"`` elsewhere
+    (:func:`hindsight.models.precision.auto_compute_dtype`), and ``config.json`` records the
+    result. ``param_dtype``: storage dtype of the parameters (and of their
     gradients): ``"bfloat16"`` halves them, and the optimizer then keeps a float32 master copy
     (``train.optim.master_weights``) so updates are applied in float32. ``remat``: rematerialise
     each layer in the backward pass (the train step's activation memory drops to one layer's).
@@ -78,7 +81,7 @@ class ModelSection:
     config-only entries ``qwen3-8b`` and ``llama-3.1-8b`` (no weights) serve ``--dry_run``
     (:mod:`hindsight.train.dry_run`) and are refused by a run."""
     name: str = "smollm2-135m-instruct"
-    dtype: str = "float32"
+    dtype: str = "auto"
     param_dtype: str = "float32"
     scan_layers: bool = True
     remat: bool = True
@@ -86,7 +89,7 @@ class ModelSection:
     init_from: str | None = None
 
     def __post_init__(self):
-        check_choice("model.dtype", self.dtype, DTYPES)
+        check_choice("model.dtype", self.dtype, ("auto", *DTYPES))
         check_choice("model.param_dtype", self.param_dtype, DTYPES)
         check_choice("model.attention", self.attention, ATTENTION_CHOICES)
 
@@ -352,14 +355,16 @@ class Experiment:
         return self.rows // self.config.train.ppo_minibatches
 
 
-def resolve(config, *, num_devices: int | None = None,
-            process_count: int | None = None) -> Experiment:
+def resolve(config, *, num_devices: int | None = None, process_count: int | None = None,
+            backend: str | None = None) -> Experiment:
     """Validate a config (ConfigDict or nested dicts) and configure its method, once.
 
     Args:
       config: the experiment config.
       num_devices, process_count: the machine (default: JAX's global device and process counts),
         for the mesh and the row-layout checks.
+      backend: the platform the run computes on, for ``model.dtype="auto"`` (default: JAX's
+        default backend; the dry run, which sizes an accelerator run, passes ``"accelerator"``).
     Raises:
       ConfigError naming the dotted key for an unknown key or a bad value, an unknown method or
       task name (listing the registered ones), a method option its config does not have, a
@@ -367,17 +372,18 @@ def resolve(config, *, num_devices: int | None = None,
       whole (:func:`hindsight.train.check_layout`).
     """
     try:
-        return _resolve(config, num_devices, process_count)
+        return _resolve(config, num_devices, process_count, backend)
     except ConfigError:
         raise
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(e.args[0] if e.args else str(e)) from e
 
 
-def _resolve(config, num_devices, process_count) -> Experiment:
+def _resolve(config, num_devices, process_count, backend) -> Experiment:
     import jax
 
     from hindsight.methods import get_method
+    from hindsight.models.precision import auto_compute_dtype
     from hindsight.tasks import task_names
     from hindsight.train.step import check_layout
 
@@ -411,6 +417,9 @@ def _resolve(config, num_devices, process_count) -> Experiment:
                          f"{t.reference!r}): each update moves it by 1 - train.ema_decay = "
                          f"{1 - t.ema_decay:.3g} of the difference, which rounds away in bfloat16; "
                          f"use 'float32' (or a frozen reference)")
+    if exp.model.dtype == "auto":   # resolved, so config.json shows the dtype the run computes in
+        exp = dataclasses.replace(exp, model=dataclasses.replace(
+            exp.model, dtype=auto_compute_dtype(backend)))
     if t.reference_dtype is None:  # resolved, so config.json shows the dtype the run keeps
         t = dataclasses.replace(t, reference_dtype="float32" if reference == "ema"
                                 else exp.model.param_dtype)

@@ -84,3 +84,16 @@ def test_demo_report_opens_with_the_figures_and_the_continuations(tmp_path):
     assert "0.25 → not evaluated" in first and "0.89 of the token saving" in first
     assert "```json" not in text
     assert "* at 1 (" in text and "rewards [1.0, 0.0, 1.0, 1.0], mean 0.75" in text
+
+
+def test_demo_headline_says_when_hdl_was_slower(tmp_path):
+    from experiments.demo import headline
+    _fake_run(tmp_path / "g", "grpo", [100, 200, 400], [50.0, 3.0, 4.0])
+    _fake_run(tmp_path / "h", "hdl", [90, 120, 200], [60.0, 6.0, 8.0])
+    g, h = read_run(str(tmp_path / "g")), read_run(str(tmp_path / "h"))
+    summary = {**token_economics(g, h), "grpo_reward": [0.5] * 3, "hdl_reward": [0.5] * 3,
+               "cpus": 2, "loadavg_1m": 1.0, "demo_seconds": 600.0}
+    assert summary["hdl_wallclock_saving"] < 0
+    text = headline(summary, g, h)
+    assert f"took {-summary['hdl_wallclock_saving']:.0%} more wall-clock time" in text
+    assert "less wall-clock" not in text

@@ -16,7 +16,7 @@ def test_bf16_params_and_compute_track_fp32(hf_models):
     tokens, positions, mask = padded_batch(LENGTHS, 12, COMMON["vocab_size"], seed=2)
     ref = ours(load_hf_folder(folder), tokens, positions, mask)
     model = load_hf_folder(folder, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, scan_layers=False)
-    assert model.embed[...].dtype == jnp.bfloat16 and model.init_cache(1, 4).k.dtype == jnp.bfloat16
+    assert model.embed[...].dtype == jnp.bfloat16 and model.init_cache(1, 4).dtype == jnp.bfloat16
     out = ours(model, tokens, positions, mask)
     assert out.dtype == np.float32
     err = max(np.abs(out[b, :n] - ref[b, :n]).max() for b, n in enumerate(LENGTHS)) / np.abs(ref).max()
