@@ -169,6 +169,7 @@ def test_smollm2_initial_params_export(tmp_path):
 
     config = configs.grpo.get_config("smollm2-count_letters")
     config.train.optim.name = "sgd"  # no optimizer moments: the checkpoint holds the params only
+    config.model.dtype = "float32"   # logits compared with transformers' float32 forward
     xp = resolve(config)
     workdir = str(tmp_path / "run")
     _prepare_workdir(workdir, xp.config.to_dict())
