@@ -43,7 +43,7 @@ def _physical_transpose(a: jax.Array) -> jax.Array:
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _low_precision_matmul(x, w, dtype):
-    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+    return _low_precision_fwd(x, w, dtype)[0]
 
 
 def _low_precision_fwd(x, w, dtype):

@@ -2,8 +2,8 @@
 
 bf16 operands with float32 accumulation run a matmul about 4x faster than float32 on a CPU with
 AMX (Sapphire Rapids and later: the ``amx_bf16`` flag), and a train step of SmolLM2-135M 2.1x
-faster (``experiments.bench.train_step``); elsewhere on a CPU they run no faster, so ``auto`` keeps
-float32 there. On GPUs and TPUs ``auto`` also means float32: set ``model.dtype`` to choose.
+faster (``experiments.bench.train_step``). Without AMX a CPU has no bf16 matmul units (not
+measured here: this machine has AMX), so ``auto`` keeps float32 there. On GPUs and TPUs ``auto`` also means float32: set ``model.dtype`` to choose.
 """
 from __future__ import annotations
 

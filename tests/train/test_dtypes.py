@@ -151,3 +151,22 @@ def test_reference_dtype_resolves_and_a_bf16_ema_is_refused():
     assert xp.config.train.reference_dtype == "float32"
     with pytest.raises(ConfigError, match="train.reference_dtype='bfloat16'"):
         resolve(_config(**{"train.reference": "ema", "train.reference_dtype": "bfloat16"}))
+
+
+def test_auto_compute_dtype_follows_the_machine(tmp_path):
+    """``model.dtype="auto"``: bf16 only on a CPU backend whose CPU has AMX; resolve() records the
+    result; the dry run (backend "accelerator") sizes float32."""
+    from hindsight.models import precision
+
+    with_amx, without = tmp_path / "amx", tmp_path / "plain"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f amx_tile amx_bf16 amx_int8\n")
+    without.write_text("processor\t: 0\nflags\t\t: fpu sse avx2\n")
+    assert precision.cpu_has_amx(str(with_amx)) and not precision.cpu_has_amx(str(without))
+    assert not precision.cpu_has_amx(str(tmp_path / "missing"))
+    assert precision.auto_compute_dtype("gpu") == "float32"
+    assert precision.auto_compute_dtype("accelerator") == "float32"
+    assert precision.auto_compute_dtype("cpu") == ("bfloat16" if precision.cpu_has_amx()
+                                                   else "float32")
+    config = _config(**{"model.dtype": "auto"})
+    assert resolve(config, backend="accelerator").config.model.dtype == "float32"
+    assert resolve(config, backend="cpu").config.model.dtype == precision.auto_compute_dtype("cpu")
