@@ -123,6 +123,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--chunk-steps", type=int,
                         help="decode steps between engine scheduling points, both arms "
                              "(default: RolloutConfig's)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="compute dtype (auto: bf16 on a CPU with AMX, as model.dtype=auto)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=2,
                         help="timed repetitions of both arms, alternating (same prompts and keys); "
@@ -139,6 +141,7 @@ def main(argv=None) -> dict:
 
     from hindsight.methods import RolloutShape, get_method
     from hindsight.models import load
+    from hindsight.models.precision import auto_compute_dtype
     from hindsight.rollout import RolloutConfig, TreeOptions
     from hindsight.sampling import SamplingParams
     from hindsight.tasks import get_task
@@ -154,7 +157,8 @@ def main(argv=None) -> dict:
     methods = {"grpo": get_method("grpo").configure(rollout=shape(16)),
                "hdl": get_method("hdl").configure(hdl_overrides, rollout=shape(None))}
     _log(f"P={p} max_new={max_new} reflection={refl} slots={slots} load={load_start}")
-    model, tok = load("smollm2-135m-instruct")
+    dtype = auto_compute_dtype() if args.dtype == "auto" else args.dtype
+    model, tok = load("smollm2-135m-instruct", dtype=getattr(jax.numpy, dtype))
     task = get_task(args.task, style=args.style)
     warm = task.examples(split="train", count=p, seed=args.seed + 1)
     examples = task.examples(split="train", count=p, seed=args.seed)
@@ -187,7 +191,7 @@ def main(argv=None) -> dict:
     sources = [s for group in hdl.branch_sources for s in group]
     result = {
         "bench": "hdl_tokens", "quick": args.quick, "model": "smollm2-135m-instruct",
-        "task": f"{args.task}(style={args.style})", "prompts": p, "group_size": 16,
+        "task": f"{args.task}(style={args.style})", "dtype": dtype, "prompts": p, "group_size": 16,
         "sampling": {"temperature": args.temperature, "min_p": args.min_p,
                      "max_new_tokens": max_new},
         "reflection_max_tokens": refl, "slots": slots,

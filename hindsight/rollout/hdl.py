@@ -3,7 +3,8 @@
 Per prompt: ``num_roots`` roots (one request, kept with their caches) -> verify -> one reflection
 per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score
 each root under its hindsight context ``h`` by teacher forcing
-(:func:`hindsight.sampling.score_logprobs`) and under the original context (the sampler's
+(:func:`hindsight.sampling.score_logprobs`; ``h`` opens with the policy prompt's system turn and
+question, so it continues a copy of the root's cache from there: :class:`CachedPrefix`) and under the original context (the sampler's
 untruncated policy log-probs, or a re-score; both at the sampling temperature) -> ``s_t = |logp_h - logp_orig|`` -> branch points
 (:func:`hindsight.rollout.branching.choose_branch_points`) -> continuations branched from the
 roots' cached prefixes (the token at ``b`` resampled, from the *original* context) plus fresh
@@ -39,7 +40,7 @@ from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, clip_tokens,
                                        hindsight_context, policy_prompt, reflection_turn)
 from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key, round16
 from hindsight.rollout.verification import Checked, Verifier, decode
-from hindsight.sampling import SamplingParams, score_logprobs
+from hindsight.sampling import CachedPrefix, SamplingParams, score_logprobs
 from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
 
@@ -189,13 +190,16 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
     h_floor = question + h_cap + options.feedback_max_tokens + _template_overhead(
         examples, trees, lambda ex: hindsight_context(
             tokenizer, ex, "", [], max_reflection_tokens=0, templates=options.templates))
-    # cache room for a root run to the cap, the reflection turn and the reflection
     turn = max(len(reflection_turn(tokenizer, ex, "", templates=options.templates))
                for ex in examples)
     longest = max(len(t.prompt) for t in trees)
+    # cache room for a root run to the cap, the reflection turn and the reflection, and for the
+    # root scored after ``h`` in a copy of its own cache (``h`` is at most ``h_floor`` tokens but for
+    # tokenisation seams; a pair that does not fit is scored from scratch)
     engine = make_engine(model, params, longest_prompt=longest, max_new_tokens=width,
                          rows=len(trees) * config.group_size, slots=slots, chunk_steps=chunk_steps,
-                         min_len=longest + width + turn + options.feedback_max_tokens + refl_cap)
+                         min_len=max(longest + width + turn + options.feedback_max_tokens + refl_cap,
+                                     h_floor + width))
     groups: dict[int, GroupRows] = {}
     infos: dict[int, TreeInfo] = {}
 
@@ -265,9 +269,15 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
             # (or a re-score is asked for): then both sides are scored in one call
             rescore = options.rescore_original or temp != sampled_at
             contexts = [tree.h[r] for r in live] + ([tree.prompt] * len(live) if rescore else [])
+            rows = live * (2 if rescore else 1)
+            # h opens with the policy prompt's system turn and question, whose K/V the root's
+            # cache holds: each context continues a copy of its root's cache from there
+            fits = all(c.size - 1 + int(lengths[r]) <= engine.max_len
+                       for c, r in zip(contexts, rows))
+            prefix = CachedPrefix.of(roots, rows) if fits else None
             scored = fit_width(np.asarray(score_logprobs(
                 model, contexts, resp * (2 if rescore else 1), min_response_len=width,
-                min_context_len=h_floor, temperature=temp)), width)
+                min_context_len=h_floor, temperature=temp, prefix=prefix)), width)
             logp_hind[live] = scored[:len(live)]
             if rescore:
                 logp_orig[live] = scored[len(live):]

@@ -11,9 +11,9 @@ from hindsight.sampling.params import SamplingParams
 from hindsight.sampling.truncation import sample_tokens, sampling_logprobs, truncated_logits
 from hindsight.sampling.rollouts import Rollouts, generate
 from hindsight.sampling.branch import branch
-from hindsight.sampling.score import score_hidden, score_logits, score_logprobs
+from hindsight.sampling.score import CachedPrefix, score_hidden, score_logits, score_logprobs
 
 __all__ = [
-    "Rollouts", "SamplingParams", "branch", "generate", "sample_tokens", "sampling_logprobs",
+    "CachedPrefix", "Rollouts", "SamplingParams", "branch", "generate", "sample_tokens", "sampling_logprobs",
     "score_hidden", "score_logits", "score_logprobs", "truncated_logits",
 ]

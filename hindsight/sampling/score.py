@@ -6,10 +6,18 @@ rows are copied to every response scored under it; then one forward pass over
 t, the model's state predicting ``response[t]``. Outputs are aligned to the response positions
 (``[B,T]``), so they line up with the sampler's ``logprobs`` for an importance ratio or a hindsight
 divergence.
+
+A context that starts like a sequence whose K/V a sampler already holds (HDL's hindsight context
+``h`` opens with the policy prompt's system turn and question, and the root's cache holds them)
+need not be prefilled from scratch: pass :class:`CachedPrefix` and each context continues a copy of
+its cache row from the longest prefix the two share (:func:`hindsight.sampling.decode.extend`), so
+only the context's remaining tokens are computed.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +28,48 @@ from hindsight.models.layers import matmul
 from hindsight.ops import chunked_token_logprobs
 from hindsight.sampling import cache_rows, inputs
 from hindsight.sampling.buckets import cache_len_bucket, pow2_bucket, prompt_bucket
-from hindsight.sampling.decode import graph_and_weights, prefill
+from hindsight.sampling.decode import extend, graph_and_weights, prefill
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedPrefix:
+    """K/V a sampler already computed, one cache row per scored context.
+
+    Attributes:
+      cache: a KV cache (e.g. ``Rollouts.state.cache`` of a ``keep_cache=True`` result); its
+        length ``M`` bounds ``len(context) - 1 + len(response)`` of every scored pair.
+      tokens: ``[C, M]`` the sequence whose K/V row ``rows[c]`` holds, per context.
+      valid: ``[C]`` positions ``< valid[c]`` of that row are in the cache.
+      rows: ``[C]`` the cache row of context ``c``.
+      cache_dtype: the cache's dtype (None: the model's compute dtype).
+    """
+    cache: Any
+    tokens: np.ndarray
+    valid: np.ndarray
+    rows: np.ndarray
+    cache_dtype: Any = None
+
+    @classmethod
+    def of(cls, rollouts, rows) -> "CachedPrefix":
+        """The cached rows ``rows [C]`` of a ``keep_cache=True`` :class:`Rollouts` (a row's K/V
+        cover its prompt and response but the last sampled token, which was never fed)."""
+        rows = np.asarray(rows, np.int32).reshape(-1)
+        if rollouts.state.cache is None:
+            raise ValueError("these rollouts carry no cache: submit them with keep_cache=True")
+        tokens = np.asarray(jax.device_get(rollouts.state.tokens))[rows]
+        valid = (rollouts.prompt_lengths[rows] + rollouts.lengths[rows] - 1).astype(np.int32)
+        return cls(rollouts.state.cache, tokens, valid, rows, rollouts.cache_dtype)
+
+    def shared(self, contexts) -> np.ndarray:
+        """``[C]`` how many leading tokens of each context come from its cache row: the common
+        prefix, at most ``valid`` and at most ``len(context) - 1`` (the scoring pass feeds the
+        context's last token itself)."""
+        out = np.zeros(len(contexts), np.int32)
+        for c, ctx in enumerate(contexts):
+            n = min(ctx.size - 1, int(self.valid[c]), self.tokens.shape[1])
+            diff = np.nonzero(ctx[:n] != self.tokens[c, :n])[0]
+            out[c] = diff[0] if diff.size else n
+        return out
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -45,8 +94,39 @@ def _bucket_floor(name, value):
     return value
 
 
+def _prefix_cache(model, graphdef, weights, ctx, prefix: CachedPrefix, lengths, context_index):
+    """``(cache [pow2(C) rows], M)`` holding each context's K/V but its last token's: a copy of
+    its :class:`CachedPrefix` row continued from the shared prefix by one `extend` pass."""
+    n_c = len(ctx)
+    if len(prefix.rows) != n_c or prefix.tokens.shape[0] != n_c or len(prefix.valid) != n_c:
+        raise ValueError(f"`prefix` must give one cache row per context ({n_c}), got rows "
+                         f"{len(prefix.rows)}, tokens {prefix.tokens.shape}, valid {len(prefix.valid)}")
+    m = int(prefix.tokens.shape[1])
+    clen = np.array([c.size for c in ctx], np.int32)
+    need = clen[context_index] - 1 + lengths
+    if need.max() > m:
+        i = int(np.argmax(need))
+        raise ValueError(f"response {i} ({lengths[i]} tokens) after its context "
+                         f"({clen[context_index[i]]} tokens) needs {need[i]} cache slots, the "
+                         f"prefix cache has {m}")
+    start = prefix.shared(ctx)
+    rows = pow2_bucket(n_c)
+    cache = cache_rows.take_rows(prefix.cache, np.pad(prefix.rows, (0, rows - n_c), mode="edge"),
+                                 cache_rows.static_axes(model, m, prefix.cache_dtype))
+    rest = clen - 1 - start  # tokens to compute: start .. len - 2 (the last is fed with the response)
+    if rest.max() > 0:
+        width = min(prompt_bucket(int(rest.max())), m)
+        feed = np.zeros((rows, width), np.int32)
+        positions = np.full((rows, width), m, np.int32)  # padding writes past the cache: dropped
+        for i, c in enumerate(ctx):
+            feed[i, :rest[i]] = c[start[i]:clen[i] - 1]
+            positions[i, :rest[i]] = start[i] + np.arange(rest[i])
+        cache = extend(graphdef, weights, cache, jnp.asarray(feed), jnp.asarray(positions))
+    return cache, m
+
+
 def _prepare(model, contexts, responses, context_index, cache_dtype, min_response_len=None,
-             min_context_len=None):
+             min_context_len=None, prefix: CachedPrefix | None = None):
     vocab = model.config.vocab_size
     ctx = inputs.token_lists("contexts", contexts, vocab_size=vocab)
     resp = inputs.token_lists("responses", responses, vocab_size=vocab)
@@ -64,13 +144,18 @@ def _prepare(model, contexts, responses, context_index, cache_dtype, min_respons
     lengths = np.array([r.size for r in resp], np.int32)
     t_b = pow2_bucket(max(int(lengths.max()), _bucket_floor("min_response_len", min_response_len)), 16)
     clen = np.array([c.size for c in ctx], np.int32)[context_index]
-    s_b = prompt_bucket(max(int(clen.max()), _bucket_floor("min_context_len", min_context_len)))
-    m = cache_len_bucket(s_b, t_b)
     bb = pow2_bucket(b)
     graphdef, weights = graph_and_weights(model)
+    if prefix is None:
+        s_b = prompt_bucket(max(int(clen.max()), _bucket_floor("min_context_len", min_context_len)))
+        m = cache_len_bucket(s_b, t_b)
+        cache = prefill(graphdef, weights,
+                        jnp.asarray(inputs.pad_rows(ctx, rows=pow2_bucket(n_c), width=s_b)),
+                        max_len=m, cache_dtype=cache_dtype)
+    else:
+        cache, m = _prefix_cache(model, graphdef, weights, ctx, prefix, lengths, context_index)
+        cache_dtype = prefix.cache_dtype
     axes = cache_rows.static_axes(model, m, cache_dtype)
-    cache = prefill(graphdef, weights, jnp.asarray(inputs.pad_rows(ctx, rows=pow2_bucket(n_c), width=s_b)),
-                    max_len=m, cache_dtype=cache_dtype)
     src = np.zeros(bb, np.int32)
     src[:b] = context_index
     cache = cache_rows.take_rows(cache, src, axes)
@@ -88,7 +173,7 @@ def _prepare(model, contexts, responses, context_index, cache_dtype, min_respons
 
 
 def score_hidden(model, contexts, responses, *, context_index=None, cache_dtype=None,
-                 min_response_len=None, min_context_len=None):
+                 min_response_len=None, min_context_len=None, prefix: CachedPrefix | None = None):
     """Final hidden states predicting each response token under its context.
 
     Args:
@@ -99,25 +184,29 @@ def score_hidden(model, contexts, responses, *, context_index=None, cache_dtype=
       min_response_len, min_context_len: pad the responses / contexts to the buckets of at least
         these lengths (:mod:`hindsight.sampling.buckets`), so that calls whose lengths vary (e.g.
         one per HDL tree) share one compiled shape instead of compiling per bucket they hit.
+      prefix: :class:`CachedPrefix`, one cache row per context: each context is computed from
+        the prefix it shares with its row's sequence on (``min_context_len`` and ``cache_dtype``
+        do not apply; the cache's length must hold every context and its responses).
     Returns:
       ``(hidden [B,T,D], mask [B,T] bool)`` with T the longest response; ``hidden[b,t]`` is the
       state from which ``responses[b][t]`` is predicted. Feed it with ``model.unembedding()`` to any
       ``hindsight.ops.chunked_*`` reduction.
     """
     hidden, _, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype,
-                                     min_response_len, min_context_len)
+                                     min_response_len, min_context_len, prefix)
     return hidden[:b, :t], jnp.asarray(mask[:b, :t])
 
 
 def score_logprobs(model, contexts, responses, *, context_index=None, chunk_size: int = 256,
                    temperature: float = 1.0, cache_dtype=None, min_response_len=None,
-                   min_context_len=None):
+                   min_context_len=None, prefix: CachedPrefix | None = None):
     """Teacher-forced log-probs ``[B,T]`` float32 of each response token under its context (0 past
     a response's end), computed in vocabulary chunks (no ``[B,T,V]`` logits). ``T`` is the longest
     response; ``min_response_len`` / ``min_context_len`` as in :func:`score_hidden` (they change
-    the compiled shapes, not the result)."""
+    the compiled shapes, not the result); ``prefix`` as there (the same log-probs, up to float
+    rounding, with the shared prefix's K/V taken from a sampler's cache)."""
     hidden, targets, mask, b, t = _prepare(model, contexts, responses, context_index, cache_dtype,
-                                           min_response_len, min_context_len)
+                                           min_response_len, min_context_len, prefix)
     return _masked_logprobs(hidden, model.unembedding(), jnp.asarray(targets), jnp.asarray(mask),
                             chunk_size=chunk_size, temperature=float(temperature))[:b, :t]
 

@@ -135,12 +135,16 @@ def test_default_tree_reflections_stay_under_the_cap(model, tokenizer):
 def test_scoring_temperature(model, tokenizer, monkeypatch, scoring_temperature, rescored):
     """The score's two log-probs are at ``scoring_temperature`` (the spec's 1.0 by default):
     sampled at 0.7, the roots are then re-scored after the prompt in the same call; at the
-    sampling temperature (None, or equal) the sampler's log-probs are reused."""
+    sampling temperature (None, or equal) the sampler's log-probs are reused. Both contexts are
+    scored from the roots' cached K/V: the same log-probs as a full re-score."""
     calls = []
 
     def spy(model, contexts, responses, **kw):
-        calls.append((len(contexts), kw["temperature"]))
-        return score_logprobs(model, contexts, responses, **kw)
+        calls.append((len(contexts), kw["temperature"], kw["prefix"] is not None))
+        got = score_logprobs(model, contexts, responses, **kw)
+        full = score_logprobs(model, contexts, responses, **{**kw, "prefix": None})
+        np.testing.assert_allclose(got, full, rtol=1e-5, atol=1e-5)
+        return got
 
     monkeypatch.setattr(hdl_module, "score_logprobs", spy)
     method = configured("hdl", temperature=0.7, scoring_temperature=scoring_temperature)
@@ -149,7 +153,7 @@ def test_scoring_temperature(model, tokenizer, monkeypatch, scoring_temperature,
             rollout=RolloutConfig(stop_at_eos=False, tree=dataclasses.replace(
                 TREE, rescore_original=False)))
     want = 1.0 if scoring_temperature == 1.0 else 0.7
-    assert calls == [(4 if rescored else 2, want)]
+    assert calls == [(4 if rescored else 2, want, True)]
 
 
 def test_a_tasks_branch_mask_reaches_the_tree(model, tokenizer):

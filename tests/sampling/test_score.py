@@ -1,9 +1,12 @@
 """Teacher-forced scoring under other contexts equals a full forward pass on the concatenation."""
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hindsight.sampling import score_hidden, score_logits, score_logprobs
+from hindsight.sampling import SamplingParams, score_hidden, score_logits, score_logprobs
 
 CONTEXTS = [[5, 6, 7, 8, 9, 10, 11], [2, 3]]
 RESPONSES = [[20, 21, 22], [30, 31, 32, 33, 34], [40], [50, 51, 52, 53], [60, 61], [70, 71, 72, 73, 74, 75]]
@@ -72,3 +75,37 @@ def test_minimum_buckets_pin_the_compiled_shape(tiny):
     assert score_module._forward_hidden._cache_size() - before <= 1
     with pytest.raises(ValueError, match="min_response_len"):
         score_logprobs(tiny, CONTEXTS, RESPONSES, min_response_len=0)
+
+
+def test_scoring_from_a_cached_prefix_equals_a_full_rescore(tiny):
+    """Contexts that open like the sampled rows' prompts (HDL's ``h`` opens with the policy prompt)
+    score from the rows' cached K/V: the same log-probs as prefilling every context from scratch.
+    Covers a context sharing the whole prompt, one diverging inside it, one sharing nothing, the
+    prompt itself (shared up to its last token) and several responses per context."""
+    from hindsight.sampling import CachedPrefix
+    from hindsight.sampling.engine import Engine
+
+    prompt = [4, 5, 6, 7, 8]
+    engine = Engine(tiny, SamplingParams(max_new_tokens=10, stop_tokens=(3,)), slots=4, max_len=64)
+    engine.submit(prompt, num_samples=3, key=jax.random.key(2), keep_cache=True, tag="roots")
+    roots = engine.run()["roots"]
+    contexts = [prompt + [40, 41, 42, 43], [4, 5, 9, 9, 9, 9, 9, 9], [60, 61], prompt]
+    responses = [list(roots.tokens[r, :roots.lengths[r]]) for r in (0, 1, 2)] + [[7, 8, 9]] * 2
+    index = [0, 1, 2, 3, 0]
+    prefix = CachedPrefix.of(roots, [0, 1, 2, 0])
+    np.testing.assert_array_equal(prefix.shared([np.asarray(c) for c in contexts]), [5, 2, 0, 4])
+    full = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index))
+    cached = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index,
+                                       prefix=prefix))
+    np.testing.assert_allclose(cached, full, rtol=1e-5, atol=1e-5)
+    assert (full != 0).sum() == sum(len(r) for r in responses)
+    # the shared K/V are read from the cache, not recomputed: a zeroed cache changes the scores of
+    # the contexts that share a prefix and of no other
+    blank = dataclasses.replace(prefix, cache=jax.tree.map(jnp.zeros_like, prefix.cache))
+    wrong = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index, prefix=blank))
+    assert [not np.allclose(wrong[i], full[i], atol=1e-4) for i in range(5)] == \
+        [True, True, False, True, True]
+    # a context and response that do not fit the prefix cache are refused, naming the sizes
+    with pytest.raises(ValueError, match="cache slots"):
+        score_logprobs(tiny, [prompt + [9] * 60], [[1, 2, 3, 4, 5, 6]],
+                       prefix=CachedPrefix.of(roots, [0]))
