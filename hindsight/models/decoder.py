@@ -24,6 +24,8 @@ program is exactly the plain forward pass (``tests/models/test_mlp_reduce.py``).
 """
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -220,10 +222,8 @@ def unrolled(model: Decoder) -> Decoder:
     """
     if not model.scan_layers:
         return model
-    out = nnx.eval_shape(lambda: Decoder(model.config, dtype=model.dtype,
-                                         param_dtype=model.param_dtype, scan_layers=False,
-                                         remat=model.remat, attention=model.attention,
-                                         rngs=nnx.Rngs(0)))
+    out = nnx.merge(*_unrolled_skeleton(model.config, model.dtype, model.param_dtype, model.remat,
+                                        model.attention), copy=True)  # fresh Variables per call
     stacked = nnx.state(model.layers)
     for i, block in enumerate(out.layers):
         nnx.update(block, jax.tree.map(lambda x, i=i: x[i], stacked))
@@ -232,3 +232,13 @@ def unrolled(model: Decoder) -> Decoder:
     if model.lm_head is not None:
         out.lm_head = nnx.Param(model.lm_head[...])
     return out
+
+
+@functools.lru_cache(maxsize=16)
+def _unrolled_skeleton(cfg: ModelConfig, dtype, param_dtype, remat: bool, attention: str):
+    """``(graphdef, abstract state)`` of an unrolled Decoder. Tracing the constructor takes seconds
+    (NNX builds 30 layers' modules and initialisers) and every engine (one per rollout) unrolls the
+    model: the skeleton is built once per architecture and filled with the current weights."""
+    return nnx.split(nnx.eval_shape(lambda: Decoder(cfg, dtype=dtype, param_dtype=param_dtype,
+                                                    scan_layers=False, remat=remat,
+                                                    attention=attention, rngs=nnx.Rngs(0))))

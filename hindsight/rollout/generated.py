@@ -46,9 +46,10 @@ from hindsight._registry import Registry
 from hindsight.rollout.assemble import GroupRows, finished
 from hindsight.rollout.contexts import GroupView, parse_recipe, row_context
 from hindsight.rollout.prompts import Templates, clip_tokens, followup_turn
-from hindsight.rollout.runtime import PhaseClock, fit_width, request_key, round16
+from hindsight.rollout.runtime import PhaseClock, fit_width, request_key
 from hindsight.rollout.verification import decode
 from hindsight.sampling import SamplingParams, score_logprobs
+from hindsight.sampling.buckets import round16
 from hindsight.sampling.text import encode_prompt
 
 GENERATORS = Registry("generated context part")

@@ -38,9 +38,10 @@ from hindsight.rollout.branching import (TreeLayout, branch_eligibility, choose_
                                          tree_layout)
 from hindsight.rollout.prompts import (CORRECT_FEEDBACK, Templates, clip_tokens,
                                        hindsight_context, policy_prompt, reflection_turn)
-from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key, round16
+from hindsight.rollout.runtime import PhaseClock, fit_width, make_engine, request_key
 from hindsight.rollout.verification import Checked, Verifier, decode
 from hindsight.sampling import CachedPrefix, SamplingParams, score_logprobs
+from hindsight.sampling.buckets import round16
 from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
 

@@ -41,12 +41,6 @@ def make_engine(model, params: SamplingParams, *, longest_prompt: int, max_new_t
                   chunk_steps=chunk_steps, name=name)
 
 
-def round16(n: int) -> int:
-    """``n`` (at least 0) rounded up to a multiple of 16: a token budget that tokenisation
-    differences at the seams of a template do not change, so calls share compiled shapes."""
-    return -(-max(int(n), 0) // 16) * 16
-
-
 def request_key(key, *path: int):
     """A key for one engine request, folded from ``key`` along ``path`` (e.g. prompt, kind, root):
     a request's draws do not depend on the order the engine schedules it in."""

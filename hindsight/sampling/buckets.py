@@ -33,6 +33,12 @@ def pow2_bucket(n: int, minimum: int = 1) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def round16(n: int) -> int:
+    """``n`` (at least 0) rounded up to a multiple of 16: a token budget that tokenisation
+    differences at the seams of a template do not change, so calls share compiled shapes."""
+    return -(-max(int(n), 0) // 16) * 16
+
+
 def prompt_bucket(length: int) -> int:
     """Padded prompt / context length for a longest prompt of ``length`` tokens."""
     if length <= POW2_PROMPT_LIMIT:

@@ -27,7 +27,7 @@ from flax import nnx
 from hindsight.models.layers import matmul
 from hindsight.ops import chunked_token_logprobs
 from hindsight.sampling import cache_rows, inputs
-from hindsight.sampling.buckets import cache_len_bucket, pow2_bucket, prompt_bucket
+from hindsight.sampling.buckets import cache_len_bucket, pow2_bucket, prompt_bucket, round16
 from hindsight.sampling.decode import extend, graph_and_weights, prefill
 
 
@@ -96,7 +96,8 @@ def _bucket_floor(name, value):
 
 def _prefix_cache(model, graphdef, weights, ctx, prefix: CachedPrefix, lengths, context_index):
     """``(cache [pow2(C) rows], M)`` holding each context's K/V but its last token's: a copy of
-    its :class:`CachedPrefix` row continued from the shared prefix by one `extend` pass."""
+    its :class:`CachedPrefix` row continued from the shared prefix by one `extend` pass over the
+    contexts that go past it."""
     n_c = len(ctx)
     if len(prefix.rows) != n_c or prefix.tokens.shape[0] != n_c or len(prefix.valid) != n_c:
         raise ValueError(f"`prefix` must give one cache row per context ({n_c}), got rows "
@@ -110,18 +111,25 @@ def _prefix_cache(model, graphdef, weights, ctx, prefix: CachedPrefix, lengths, 
                          f"({clen[context_index[i]]} tokens) needs {need[i]} cache slots, the "
                          f"prefix cache has {m}")
     start = prefix.shared(ctx)
-    rows = pow2_bucket(n_c)
-    cache = cache_rows.take_rows(prefix.cache, np.pad(prefix.rows, (0, rows - n_c), mode="edge"),
-                                 cache_rows.static_axes(model, m, prefix.cache_dtype))
+    axes = cache_rows.static_axes(model, m, prefix.cache_dtype)
+    cache = cache_rows.take_rows(prefix.cache, np.pad(prefix.rows, (0, pow2_bucket(n_c) - n_c),
+                                                      mode="edge"), axes)
     rest = clen - 1 - start  # tokens to compute: start .. len - 2 (the last is fed with the response)
-    if rest.max() > 0:
-        width = min(prompt_bucket(int(rest.max())), m)
+    todo = np.nonzero(rest > 0)[0]
+    if todo.size:
+        # only the contexts with tokens past their shared prefix go through the pass (HDL's
+        # re-score of the root under its own prompt has none); rounded to 16, not to a power of
+        # two: the pass is compute-bound and contexts differ by tens of tokens (feedback, reflection)
+        rows, width = pow2_bucket(todo.size), min(round16(int(rest.max())), m)
         feed = np.zeros((rows, width), np.int32)
         positions = np.full((rows, width), m, np.int32)  # padding writes past the cache: dropped
-        for i, c in enumerate(ctx):
-            feed[i, :rest[i]] = c[start[i]:clen[i] - 1]
-            positions[i, :rest[i]] = start[i] + np.arange(rest[i])
-        cache = extend(graphdef, weights, cache, jnp.asarray(feed), jnp.asarray(positions))
+        for i, c in enumerate(todo):
+            feed[i, :rest[c]] = ctx[c][start[c]:clen[c] - 1]
+            positions[i, :rest[c]] = start[c] + np.arange(rest[c])
+        sub = cache_rows.take_rows(prefix.cache, np.pad(prefix.rows[todo], (0, rows - todo.size),
+                                                        mode="edge"), axes)
+        sub = extend(graphdef, weights, sub, jnp.asarray(feed), jnp.asarray(positions))
+        cache = cache_rows.move_rows(cache, todo, sub, np.arange(todo.size), axes)
     return cache, m
 
 
@@ -142,7 +150,11 @@ def _prepare(model, contexts, responses, context_index, cache_dtype, min_respons
     if context_index.min() < 0 or context_index.max() >= n_c:
         raise ValueError(f"`context_index` must lie in [0, {n_c}), got {context_index.min()}..{context_index.max()}")
     lengths = np.array([r.size for r in resp], np.int32)
-    t_b = pow2_bucket(max(int(lengths.max()), _bucket_floor("min_response_len", min_response_len)), 16)
+    floor = _bucket_floor("min_response_len", min_response_len)
+    # a caller that fixes the response width (one shape for all its calls) gets that width, rounded
+    # to 16, not the next power of two: HDL's T = 96 is scored 96 wide, not 128
+    t_b = (round16(floor) if floor >= lengths.max() else
+           pow2_bucket(int(lengths.max()), 16))
     clen = np.array([c.size for c in ctx], np.int32)[context_index]
     bb = pow2_bucket(b)
     graphdef, weights = graph_and_weights(model)
@@ -183,7 +195,8 @@ def score_hidden(model, contexts, responses, *, context_index=None, cache_dtype=
       context_index: ``[B]`` context of each response (default: contiguous groups, ``B % C == 0``).
       min_response_len, min_context_len: pad the responses / contexts to the buckets of at least
         these lengths (:mod:`hindsight.sampling.buckets`), so that calls whose lengths vary (e.g.
-        one per HDL tree) share one compiled shape instead of compiling per bucket they hit.
+        one per HDL tree) share one compiled shape instead of compiling per bucket they hit (the
+        responses to ``min_response_len`` rounded up to 16 when none is longer).
       prefix: :class:`CachedPrefix`, one cache row per context: each context is computed from
         the prefix it shares with its row's sequence on (``min_context_len`` and ``cache_dtype``
         do not apply; the cache's length must hold every context and its responses).

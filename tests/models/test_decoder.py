@@ -71,3 +71,10 @@ def test_unrolled_view_of_a_scanned_model(hf_models):
                                atol=1e-5 * np.abs(np.asarray(want)).max())
     for a, b in zip(before, jax.tree.leaves(nnx.state(scanned))):
         np.testing.assert_array_equal(a, np.asarray(b))
+    # views share one cached skeleton (built once per architecture) but not their weights: a view
+    # taken after a weight update has the new weights, and the earlier view keeps the old ones
+    q = lambda m: np.asarray(m.layers[0].attn.q_proj.kernel[...])
+    old = q(view)
+    nnx.update(scanned.layers, jax.tree.map(lambda x: x + 1.0, nnx.state(scanned.layers)))
+    np.testing.assert_array_equal(q(unrolled(scanned)), old + 1.0)
+    np.testing.assert_array_equal(q(view), old)
