@@ -1,0 +1,119 @@
+"""HDL's hindsight scoring pass from the root's cached prefix vs from scratch, side by side.
+
+Per prompt (``count_letters`` asking for a step-by-step explanation, SmolLM2-135M-Instruct at
+temperature 0.7 / min-p 0.2, T = 96): the engine samples HDL's 2 roots and keeps their cache; the
+task's verifier gives each root its feedback; each root's hindsight context ``h`` is built with a
+reflection of ``--reflection`` tokens (the root's own first tokens: the length matters here, not
+the text). Then the call HDL makes is timed both ways on the same inputs: the roots scored under
+``h`` and, at the spec's scoring temperature 1 (they were sampled at 0.7), re-scored under their
+own prompt (4 rows per tree) with ``prefix=CachedPrefix.of(roots, ...)`` (``h`` continues a copy
+of the root's cache from the question on; the prompt needs nothing computed) and without it
+(every context prefilled). The two are timed alternately, ``--reps`` times per prompt after one
+untimed call each (compiles), and their log-probs compared.
+
+    python -m experiments.bench.prefix_scoring [--quick]
+
+The last line printed is one JSON object: ``seconds_full`` / ``seconds_prefix`` (median per tree),
+``speedup`` (their ratio), ``max_abs_logprob_diff`` and the load averages.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+
+def _log(*msg) -> None:
+    print(time.strftime("%H:%M:%S"), *msg, file=sys.stderr, flush=True)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI-sized run (2 prompts, 1 rep)")
+    parser.add_argument("--prompts", type=int, help="trees (default 4; --quick 2)")
+    parser.add_argument("--reps", type=int, help="timed calls per side per tree (default 3)")
+    parser.add_argument("--max-new", type=int, default=96)
+    parser.add_argument("--reflection", type=int, default=12)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="compute dtype (auto: bf16 on a CPU with AMX, as model.dtype=auto)")
+    args = parser.parse_args(argv)
+    prompts = args.prompts or (2 if args.quick else 4)
+    reps = args.reps or (1 if args.quick else 3)
+
+    import jax
+    import numpy as np
+
+    from hindsight.models import load
+    from hindsight.models.precision import auto_compute_dtype
+    from hindsight.rollout import TreeOptions
+    from hindsight.rollout.prompts import CORRECT_FEEDBACK, hindsight_context, policy_prompt
+    from hindsight.rollout.verification import Verifier
+    from hindsight.sampling import CachedPrefix, SamplingParams, score_logprobs
+    from hindsight.sampling.engine import Engine
+    from hindsight.tasks import get_task
+
+    load_start = os.getloadavg()
+    dtype = auto_compute_dtype() if args.dtype == "auto" else args.dtype
+    model, tok = load("smollm2-135m-instruct", dtype=getattr(jax.numpy, dtype))
+    task = get_task("count_letters", style="explain")
+    verifier = Verifier(task, tok, workers=0)
+    params = SamplingParams(temperature=0.7, min_p=0.2, max_new_tokens=args.max_new,
+                            stop_tokens=(tok.eos_token_id,))
+    options = TreeOptions(reflection_max_tokens=args.reflection)
+    full_s, prefix_s, diffs, shapes = [], [], [], []
+    for k, ex in enumerate(task.examples(split="train", count=prompts, seed=0)):
+        prompt = policy_prompt(tok, ex)
+        engine = Engine(model, params, slots=8, max_len=384, chunk_steps=16)
+        engine.submit(prompt, num_samples=2, key=jax.random.key(k), keep_cache=True, tag="roots")
+        roots = engine.run()["roots"]
+        checked = []
+        verifier.submit(ex, roots.tokens, roots.lengths, checked.append)
+        verifier.deliver()
+        # as the tree does: the verdict's feedback (clipped), reflection kept to the hindsight cap
+        feedback = [options.clip_feedback(tok, CORRECT_FEEDBACK if reward >= 1.0 else text)
+                    for reward, text in zip(checked[0].rewards, checked[0].feedback)]
+        cap = options.hindsight_cap(args.max_new)
+        h = [hindsight_context(tok, ex, feedback[r], list(roots.tokens[r, :cap]),
+                               max_reflection_tokens=cap) for r in range(2)]
+        resp = [roots.tokens[r, :roots.lengths[r]] for r in range(2)]
+        contexts, responses = h + [prompt, prompt], resp * 2
+        prefix = CachedPrefix.of(roots, [0, 1, 0, 1])
+        shapes.append({"prompt": len(prompt), "h": [len(c) for c in h],
+                       "shared": [int(s) for s in prefix.shared([np.asarray(c) for c in contexts])],
+                       "responses": [len(r) for r in resp]})
+        call = lambda p: np.asarray(score_logprobs(model, contexts, responses,
+                                                   min_response_len=args.max_new,
+                                                   temperature=1.0, prefix=p))
+        full, cached = call(None), call(prefix)  # compiles
+        diffs.append(float(np.abs(full - cached).max()))
+        for _ in range(reps):
+            for p, out in ((None, full_s), (prefix, prefix_s)):
+                start = time.perf_counter()
+                call(p)
+                out.append(time.perf_counter() - start)
+        _log(f"tree {k}: {shapes[-1]} full {full_s[-1]:.2f} s, prefix {prefix_s[-1]:.2f} s")
+    full_med, prefix_med = statistics.median(full_s), statistics.median(prefix_s)
+    result = {
+        "bench": "prefix_scoring", "quick": args.quick, "model": "smollm2-135m-instruct",
+        "dtype": dtype, "trees": prompts, "reps": reps, "max_new_tokens": args.max_new,
+        "reflection_tokens": args.reflection, "rows_per_tree": 4, "shapes": shapes,
+        "seconds_full": round(full_med, 3), "seconds_prefix": round(prefix_med, 3),
+        "seconds_full_range": [round(min(full_s), 3), round(max(full_s), 3)],
+        "seconds_prefix_range": [round(min(prefix_s), 3), round(max(prefix_s), 3)],
+        "speedup": round(full_med / prefix_med, 3),
+        "max_abs_logprob_diff": max(diffs),
+        "loadavg_1_5_15m": {"start": [round(x, 2) for x in load_start],
+                            "end": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "jax_backend": jax.default_backend()},
+    }
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
