@@ -1,20 +1,27 @@
-"""HDL's hindsight scoring pass from the root's cached prefix vs from scratch, side by side.
+"""HDL's hindsight scoring pass: from scratch, from the root's cached prefix, and without the
+re-score under the prompt (the sampler's temperature-1 log-probs instead), side by side.
 
 Per prompt (``count_letters`` asking for a step-by-step explanation, SmolLM2-135M-Instruct at
 temperature 0.7 / min-p 0.2, T = 96): the engine samples HDL's 2 roots and keeps their cache; the
-task's verifier gives each root its feedback; each root's hindsight context ``h`` is built with a
-reflection of ``--reflection`` tokens (the root's own first tokens: the length matters here, not
-the text). Then the call HDL makes is timed both ways on the same inputs: the roots scored under
-``h`` and, at the spec's scoring temperature 1 (they were sampled at 0.7), re-scored under their
-own prompt (4 rows per tree) with ``prefix=CachedPrefix.of(roots, ...)`` (``h`` continues a copy
-of the root's cache from the question on; the prompt needs nothing computed) and without it
-(every context prefilled). The two are timed alternately, ``--reps`` times per prompt after one
-untimed call each (compiles), and their log-probs compared.
+task's verifier gives each root its feedback (clipped as the tree clips it); each root's hindsight
+context ``h`` is built with a reflection of ``--reflection`` tokens (the root's own first tokens:
+the length matters here, not the text). HDL scores at the spec's temperature 1 while the roots
+were sampled at 0.7, so ``logp_orig`` must be at temperature 1 too. Three ways, timed alternately
+on the same inputs (``--reps`` calls each per tree, after one untimed call each: compiles):
+
+* ``full``: the roots under ``h`` and re-scored under their own prompt (4 rows), every context
+  prefilled (HDL before this benchmark's commit series);
+* ``prefix_rescore``: the same 4 rows with ``prefix=CachedPrefix.of(roots, ...)`` (``h``
+  continues a copy of the root's cache from the question on; the prompt needs nothing computed);
+* ``prefix``: what HDL does now: only the 2 rows under ``h`` from the cached prefix, ``logp_orig``
+  being the sampler's ``raw_logprobs`` (recorded while decoding).
+
+Checked on every tree: the ``h`` rows of the three agree, and ``raw_logprobs`` equal the re-score.
 
     python -m experiments.bench.prefix_scoring [--quick]
 
-The last line printed is one JSON object: ``seconds_full`` / ``seconds_prefix`` (median per tree),
-``speedup`` (their ratio), ``max_abs_logprob_diff`` and the load averages.
+The last line printed is one JSON object: ``seconds`` (median per tree per way), ``speedup``
+(``full`` over ``prefix``), ``max_abs_logprob_diff`` and the load averages.
 """
 from __future__ import annotations
 
@@ -64,7 +71,8 @@ def main(argv=None) -> dict:
     params = SamplingParams(temperature=0.7, min_p=0.2, max_new_tokens=args.max_new,
                             stop_tokens=(tok.eos_token_id,))
     options = TreeOptions(reflection_max_tokens=args.reflection)
-    full_s, prefix_s, diffs, shapes = [], [], [], []
+    ways = ("full", "prefix_rescore", "prefix")
+    seconds, diffs, shapes = {w: [] for w in ways}, [], []
     for k, ex in enumerate(task.examples(split="train", count=prompts, seed=0)):
         prompt = policy_prompt(tok, ex)
         engine = Engine(model, params, slots=8, max_len=384, chunk_steps=16)
@@ -80,31 +88,38 @@ def main(argv=None) -> dict:
         h = [hindsight_context(tok, ex, feedback[r], list(roots.tokens[r, :cap]),
                                max_reflection_tokens=cap) for r in range(2)]
         resp = [roots.tokens[r, :roots.lengths[r]] for r in range(2)]
-        contexts, responses = h + [prompt, prompt], resp * 2
-        prefix = CachedPrefix.of(roots, [0, 1, 0, 1])
+        both = h + [prompt, prompt]
+        calls = {"full": (both, resp * 2, None),
+                 "prefix_rescore": (both, resp * 2, CachedPrefix.of(roots, [0, 1, 0, 1])),
+                 "prefix": (h, resp, CachedPrefix.of(roots, [0, 1]))}
         shapes.append({"prompt": len(prompt), "h": [len(c) for c in h],
-                       "shared": [int(s) for s in prefix.shared([np.asarray(c) for c in contexts])],
+                       "shared": [int(s) for s in calls["prefix_rescore"][2].shared(
+                           [np.asarray(c) for c in both])],
                        "responses": [len(r) for r in resp]})
-        call = lambda p: np.asarray(score_logprobs(model, contexts, responses,
-                                                   min_response_len=args.max_new,
-                                                   temperature=1.0, prefix=p))
-        full, cached = call(None), call(prefix)  # compiles
-        diffs.append(float(np.abs(full - cached).max()))
+        call = lambda way: np.asarray(score_logprobs(
+            model, calls[way][0], calls[way][1], min_response_len=args.max_new,
+            temperature=1.0, prefix=calls[way][2]))
+        out = {way: call(way) for way in ways}  # compiles
+        width = out["prefix"].shape[1]
+        raw = roots.raw_logprobs[:, :width]
+        diffs.append(max(float(np.abs(out["full"][:2] - out[w][:2]).max()) for w in ways[1:]))
+        diffs.append(float(np.abs(out["full"][2:] - raw).max()))
         for _ in range(reps):
-            for p, out in ((None, full_s), (prefix, prefix_s)):
+            for way in ways:
                 start = time.perf_counter()
-                call(p)
-                out.append(time.perf_counter() - start)
-        _log(f"tree {k}: {shapes[-1]} full {full_s[-1]:.2f} s, prefix {prefix_s[-1]:.2f} s")
-    full_med, prefix_med = statistics.median(full_s), statistics.median(prefix_s)
+                call(way)
+                seconds[way].append(time.perf_counter() - start)
+        _log(f"tree {k}: {shapes[-1]} " + ", ".join(f"{w} {seconds[w][-1]:.2f} s" for w in ways))
+    median = {w: round(statistics.median(seconds[w]), 3) for w in ways}
     result = {
         "bench": "prefix_scoring", "quick": args.quick, "model": "smollm2-135m-instruct",
         "dtype": dtype, "trees": prompts, "reps": reps, "max_new_tokens": args.max_new,
-        "reflection_tokens": args.reflection, "rows_per_tree": 4, "shapes": shapes,
-        "seconds_full": round(full_med, 3), "seconds_prefix": round(prefix_med, 3),
-        "seconds_full_range": [round(min(full_s), 3), round(max(full_s), 3)],
-        "seconds_prefix_range": [round(min(prefix_s), 3), round(max(prefix_s), 3)],
-        "speedup": round(full_med / prefix_med, 3),
+        "reflection_tokens": args.reflection, "shapes": shapes,
+        "rows_per_tree": {"full": 4, "prefix_rescore": 4, "prefix": 2},
+        "seconds": median,
+        "seconds_range": {w: [round(min(seconds[w]), 3), round(max(seconds[w]), 3)] for w in ways},
+        "speedup": round(median["full"] / median["prefix"], 3),
+        "speedup_prefix_only": round(median["full"] / median["prefix_rescore"], 3),
         "max_abs_logprob_diff": max(diffs),
         "loadavg_1_5_15m": {"start": [round(x, 2) for x in load_start],
                             "end": [round(x, 2) for x in os.getloadavg()]},

@@ -117,7 +117,7 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
                 continue
             res, row = ep.source
             ids = reflection_turn(tokenizer, ex, tree["feedback"][r], templates=options.templates)
-            if ep.ended_turn and ids and ids[0] == ep.pieces[-1][0][-1]:
+            if ep.ended_turn and ids and ids[0] == ep.pieces[-1].ids[-1]:
                 ids = ids[1:]
             room = engine.max_len - int(res.prompt_lengths[row] + res.lengths[row]) - len(ids)
             if room < 1:
@@ -150,19 +150,21 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
             question=ep.first_turn), np.int32) for r, ep in zip(root_rows, roots)]
         lengths = np.array([ep.length for ep in roots], np.int32)
         mask = np.stack([a["mask"] for a in arrays])
-        logp_orig = np.stack([a["policy_logprobs"] for a in arrays])
+        sampled_at = 1.0 if params.greedy else params.temperature
+        temp = config.scoring_temp(sampled_at)
+        # logp_orig is the sampler's, at the sampling temperature or at 1 (the spec's scoring
+        # temperature; the engine records both); at another temperature the episodes are
+        # re-scored after their own prompts in the same call
+        recorded = {sampled_at: "policy_logprobs", 1.0: "raw_logprobs"}
+        rescore = temp not in recorded
+        logp_orig = np.stack([a[recorded.get(temp, "policy_logprobs")] for a in arrays])
         logp_hind = np.zeros_like(logp_orig)
         live = [j for j in range(n_roots) if mask[j].any()]
         if live:
-            sampled_at = 1.0 if params.greedy else params.temperature
-            temp = config.scoring_temp(sampled_at)
-            # logp_orig is the sampler's unless the score's temperature is not the sampling one:
-            # then the episodes are re-scored after their own prompts in the same call.
             # The scoring shape: contexts padded to the bound every tree's h fits in (so calls
             # share one compiled shape), responses to the bucket of the longest live root (an
             # episode is mostly far shorter than the episode budget: padding it to the budget
             # made scoring the dearest phase)
-            rescore = temp != sampled_at
             responses = [arrays[j]["tokens"][:lengths[j]] for j in live]
             contexts = [tree["h"][j] for j in live] + (
                 [roots[j].prompt for j in live] if rescore else [])

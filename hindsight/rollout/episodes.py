@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -49,6 +50,21 @@ class EpisodeOptions:
     reset_timeout: float = 300.0
 
 
+class Piece(NamedTuple):
+    """A run of an episode's tokens: one action turn as sampled, or one observation.
+
+    ``turn`` is the action's index, -1 for an observation (whose log-probs are zeros); the
+    log-probs are the sampler's (sampled distribution, untruncated at the sampling temperature,
+    untruncated at temperature 1); ``search`` the turn's search-query token mask (None: the task
+    has none)."""
+    ids: np.ndarray
+    policy_logprobs: np.ndarray
+    logprobs: np.ndarray
+    raw_logprobs: np.ndarray
+    turn: int
+    search: np.ndarray | None = None
+
+
 @dataclasses.dataclass
 class Episode:
     """One row's episode as it is played (host side).
@@ -56,8 +72,7 @@ class Episode:
     Attributes:
       key: ``(example k, row g)``.
       prompt: ``[n]`` the first turn's ids (instructions + first observation); first_turn: its text.
-      pieces: ``(ids, policy_logprobs, logprobs, turn, search)`` in order; ``turn`` is -1 for
-        observations; ``search`` the turn's search-query token mask (None: the task has none).
+      pieces: the episode's :class:`Piece` s in order.
       rewards: per action turn, the environment's step reward.
       actions, observations: the parsed actions and the observations (text).
       status: one of :data:`STATUSES` once finished, else None. feedback: the environment's last
@@ -94,26 +109,28 @@ class Episode:
 
     @property
     def length(self) -> int:
-        return sum(len(p[0]) for p in self.pieces)
+        return sum(len(p.ids) for p in self.pieces)
 
     def arrays(self, width: int, num_turns: int) -> dict:
         """The row's ``tokens``, ``mask``, ``turn_id``, ``policy_logprobs``, ``logprobs``,
-        ``search_mask`` ``[width]`` and ``turn_rewards [num_turns]``. ``mask`` is 1 on the action
+        ``raw_logprobs``, ``search_mask`` ``[width]`` and ``turn_rewards [num_turns]``. ``mask`` is 1 on the action
         tokens at or after :attr:`branch_position` (all of them for an episode played from its
         first prompt), 0 everywhere for a failed environment."""
         out = dict(tokens=np.zeros(width, np.int32), mask=np.zeros(width, bool),
                    turn_id=np.full(width, -1, np.int32), search_mask=np.zeros(width, bool),
-                   policy_logprobs=np.zeros(width, np.float32), logprobs=np.zeros(width, np.float32))
+                   **{k: np.zeros(width, np.float32)
+                      for k in ("policy_logprobs", "logprobs", "raw_logprobs")})
         at = 0
-        for ids, plp, lp, turn, search in self.pieces:
-            n = len(ids)
-            out["tokens"][at:at + n] = ids
-            if search is not None:
-                out["search_mask"][at:at + n] = search
-            if turn >= 0 and self.status not in ("error", "timeout", "crashed"):
+        for p in self.pieces:
+            n = len(p.ids)
+            out["tokens"][at:at + n] = p.ids
+            if p.search is not None:
+                out["search_mask"][at:at + n] = p.search
+            if p.turn >= 0 and self.status not in ("error", "timeout", "crashed"):
                 out["mask"][at:at + n] = True
-                out["turn_id"][at:at + n] = turn
-            out["policy_logprobs"][at:at + n], out["logprobs"][at:at + n] = plp, lp
+                out["turn_id"][at:at + n] = p.turn
+            for k in ("policy_logprobs", "logprobs", "raw_logprobs"):
+                out[k][at:at + n] = getattr(p, k)
             at += n
         out["mask"][:self.branch_position] = False
         rewards = np.zeros(num_turns, np.float32)
@@ -125,19 +142,19 @@ class Episode:
         """``(turn, offset)``: the action turn holding response ``position`` and the position's
         offset in it. Raises ValueError for a position on an observation or past the end."""
         at = 0
-        for ids, _, _, turn, _ in self.pieces:
-            if at <= position < at + len(ids):
-                if turn < 0:
+        for p in self.pieces:
+            if at <= position < at + len(p.ids):
+                if p.turn < 0:
                     raise ValueError(f"position {position} is an observation token of episode "
                                      f"{self.key}, not an action's")
-                return turn, position - at
-            at += len(ids)
+                return p.turn, position - at
+            at += len(p.ids)
         raise ValueError(f"position {position} is past episode {self.key}'s {at} tokens")
 
     def prefix(self, turn: int) -> "Episode":
         """A new episode's history up to (not including) action ``turn``: what a branch inside
         that turn shares with this one."""
-        cut = next(i for i, p in enumerate(self.pieces) if p[3] == turn)
+        cut = next(i for i, p in enumerate(self.pieces) if p.turn == turn)
         return Episode(key=None, prompt=self.prompt, first_turn=self.first_turn,
                        pieces=list(self.pieces[:cut]), rewards=list(self.rewards[:turn]),
                        actions=list(self.actions[:turn]),
@@ -292,8 +309,9 @@ class EpisodePlayer:
             ep, n = self.episodes[ek], int(res.lengths[i])
             ids = res.tokens[i, :n]
             turn = len(ep.actions)
-            ep.pieces.append((ids, res.policy_logprobs[i, :n], res.logprobs[i, :n], turn,
-                              self.task.search_mask(self.tokenizer, ids)))
+            ep.pieces.append(Piece(ids, res.policy_logprobs[i, :n], res.logprobs[i, :n],
+                                   res.raw_logprobs[i, :n], turn,
+                                   self.task.search_mask(self.tokenizer, ids)))
             ep.source = (res, i)
             if self.keep_turns and ep.branchable:
                 ep.turns.append((res, i))
@@ -328,7 +346,7 @@ class EpisodePlayer:
         if len(ep.actions) >= self.max_turns:
             return self.finish(ep, "turns")
         ids = followup_turn(self.tokenizer, self.task.observation_turn(step.observation))
-        if ep.ended_turn and ids and ids[0] == ep.pieces[-1][0][-1]:
+        if ep.ended_turn and ids and ids[0] == ep.pieces[-1].ids[-1]:
             ids = ids[1:]  # the turn ended itself: its end-of-turn token is already there
         if ep.length + len(ids) + self.cap > self.width:
             return self.finish(ep, "context", f"episode token budget ({self.width}) reached "
@@ -344,8 +362,8 @@ class EpisodePlayer:
         for res, items in self._extends.values():
             rows = [row for row, _, _ in items]
             for _, ep, ids in items:
-                ep.pieces.append((ids, np.zeros(len(ids), np.float32),
-                                  np.zeros(len(ids), np.float32), -1, None))
+                zeros = np.zeros(len(ids), np.float32)
+                ep.pieces.append(Piece(ids, zeros, zeros, zeros, -1))
             self.engine.submit_extend(
                 res, rows, [ids for _, _, ids in items],
                 row_keys=jnp.stack([self._turn_key(ep, len(ep.actions)) for _, ep, _ in items]),
@@ -366,7 +384,7 @@ class EpisodePlayer:
         rows = [ep.arrays(self.width, self.max_turns) for ep in eps]
         stack = lambda name: np.stack([r[name] for r in rows])
         returns = np.clip([sum(ep.rewards) for ep in eps], low, high).astype(np.float32)
-        generated = sum(int(p[0].size) for ep in eps for p in ep.pieces if p[3] >= 0) - sum(
+        generated = sum(int(p.ids.size) for ep in eps for p in ep.pieces if p.turn >= 0) - sum(
             self._shared(ep) for ep in eps)
         return GroupRows(
             example=self.examples[k], example_index=self.first_index + k, prompt=eps[0].prompt,
@@ -386,10 +404,10 @@ class EpisodePlayer:
     def _shared(ep: Episode) -> int:
         """Action tokens a branched episode took over from its parent (not generated for it)."""
         at, shared = 0, 0
-        for ids, _, _, turn, _ in ep.pieces:
-            if turn >= 0:
-                shared += max(0, min(len(ids), ep.branch_position - at))
-            at += len(ids)
+        for p in ep.pieces:
+            if p.turn >= 0:
+                shared += max(0, min(len(p.ids), ep.branch_position - at))
+            at += len(p.ids)
         return shared
 
 
@@ -479,7 +497,7 @@ def render(tokenizer, ep: Episode) -> str:
     lines = [f"[observation] {ep.observations[0] if ep.observations else ''}"]
     obs = iter(ep.observations[1:])
     at = 0
-    for ids, _, _, turn, _ in ep.pieces:
+    for ids, turn in ((p.ids, p.turn) for p in ep.pieces):
         if turn >= 0:
             reward = ep.rewards[turn] if turn < len(ep.rewards) else None
             text = _decode(tokenizer, ids).strip()

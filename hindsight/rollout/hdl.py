@@ -4,8 +4,10 @@ Per prompt: ``num_roots`` roots (one request, kept with their caches) -> verify 
 per root (same sampling params, so the rollout temperature; no grad; length-capped) -> score
 each root under its hindsight context ``h`` by teacher forcing
 (:func:`hindsight.sampling.score_logprobs`; ``h`` opens with the policy prompt's system turn and
-question, so it continues a copy of the root's cache from there: :class:`CachedPrefix`) and under the original context (the sampler's
-untruncated policy log-probs, or a re-score; both at the sampling temperature) -> ``s_t = |logp_h - logp_orig|`` -> branch points
+question, so it continues a copy of the root's cache from there: :class:`CachedPrefix`) and under
+the original context (the sampler's untruncated log-probs, which it records at the sampling
+temperature and at 1, the spec's scoring temperature; at another one, a re-score), both at the
+method's scoring temperature -> ``s_t = |logp_h - logp_orig|`` -> branch points
 (:func:`hindsight.rollout.branching.choose_branch_points`) -> continuations branched from the
 roots' cached prefixes (the token at ``b`` resampled, from the *original* context) plus fresh
 rollouts for missing points -> verify the full sequences. Each stage is submitted from the
@@ -75,7 +77,7 @@ class TreeOptions:
         shape are sized for it, so a task with long feedback cannot overflow them (16: the
         synthetic tasks' feedback on SmolLM2's tokenizer is 5-12 tokens).
       rescore_original: score ``logp_orig`` by teacher forcing the roots after the prompt instead of
-        reusing the sampler's policy log-probs (same weights; only rounding differs).
+        reusing the sampler's log-probs (same weights; only rounding differs).
       templates: wording of the reflection turn and ``h``.
     """
     reflection_max_tokens: int | None = None
@@ -262,13 +264,16 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
             return np.asarray(branch_mask(ex, [tokenizer.decode([int(t)])
                                                for t in roots.tokens[r, :n]]), bool)
 
-        logp_orig = np.array(fit_width(roots.policy_logprobs, width))  # a copy: rows are re-scored in place
+        # logp_orig is the sampler's, at the sampling temperature or at 1 (the spec's scoring
+        # temperature, which the engine records too: ``raw_logprobs``); at any other temperature,
+        # or when a re-score is asked for, both sides are scored in one call
+        recorded = {sampled_at: roots.policy_logprobs, 1.0: roots.raw_logprobs}
+        rescore = options.rescore_original or temp not in recorded
+        # a copy: rows are re-scored in place
+        logp_orig = np.array(fit_width(recorded.get(temp, roots.policy_logprobs), width))
         logp_hind = np.zeros_like(logp_orig)
         if live:
             resp = [roots.tokens[r, :lengths[r]] for r in live]
-            # logp_orig is the sampler's unless the score's temperature is not the sampling one
-            # (or a re-score is asked for): then both sides are scored in one call
-            rescore = options.rescore_original or temp != sampled_at
             contexts = [tree.h[r] for r in live] + ([tree.prompt] * len(live) if rescore else [])
             rows = live * (2 if rescore else 1)
             # h opens with the policy prompt's system turn and question, whose K/V the root's

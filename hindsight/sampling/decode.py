@@ -43,6 +43,9 @@ class DecodeState(NamedTuple):
       tokens: ``[B,M]`` int32, each row's sequence by absolute position (prompt, then response).
       logprobs: ``[B,M]`` f32, sampled-distribution log-prob of the token at each generated position.
       policy_logprobs: ``[B,M]`` f32, untruncated log-prob at the sampling temperature at each generated position.
+      raw_logprobs: ``[B,M]`` f32, untruncated log-prob at temperature 1 (the raw logits) at each
+        generated position: what a re-score at temperature 1 would give (HDL scores at 1 whatever
+        the sampling temperature), kept so that no re-score is needed.
       last: ``[B]`` int32, the token at ``pos`` (not yet fed).
       pos: ``[B]`` int32.
       end: ``[B]`` int32, a row may generate positions ``< end``.
@@ -55,6 +58,7 @@ class DecodeState(NamedTuple):
     tokens: jax.Array
     logprobs: jax.Array
     policy_logprobs: jax.Array
+    raw_logprobs: jax.Array
     last: jax.Array
     pos: jax.Array
     end: jax.Array
@@ -69,6 +73,11 @@ def _advance(model, st: DecodeState, params: SamplingParams) -> DecodeState:
     nxt = st.pos + 1
     keys = jax.vmap(jax.random.fold_in)(st.keys, nxt)
     tok, lp, plp = sample_tokens(logits[:, 0], keys, params)
+    if params.greedy or params.temperature == 1.0:  # the policy log-prob is already at temperature 1
+        raw = plp
+    else:
+        raw = jnp.take_along_axis(jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1),
+                                  tok[:, None], axis=-1)[:, 0]
     write = st.active[:, None] & (jnp.arange(st.tokens.shape[1])[None, :] == nxt[:, None])
     stop_hit = jnp.any(tok[:, None] == st.stops, axis=-1)
     done = stop_hit | (nxt >= st.end - 1)
@@ -77,6 +86,7 @@ def _advance(model, st: DecodeState, params: SamplingParams) -> DecodeState:
         tokens=jnp.where(write, tok[:, None], st.tokens),
         logprobs=jnp.where(write, lp[:, None], st.logprobs),
         policy_logprobs=jnp.where(write, plp[:, None], st.policy_logprobs),
+        raw_logprobs=jnp.where(write, raw[:, None], st.raw_logprobs),
         last=jnp.where(st.active, tok, st.last),
         pos=jnp.where(st.active, nxt, st.pos),
         end=st.end,

@@ -48,6 +48,8 @@ class Rollouts:
       logprobs: ``[B,T]`` f32 log-probs under the sampled (temperature + truncation) distribution
         (0 where masked; 0 everywhere for greedy).
       policy_logprobs: ``[B,T]`` f32 untruncated log-probs at the sampling temperature (0 where masked).
+      raw_logprobs: ``[B,T]`` f32 untruncated log-probs at temperature 1 (0 where masked): a
+        teacher-forced re-score at temperature 1 without the re-score.
       prompt_lengths: ``[B]`` int32.
       stopped: ``[B]`` bool, the row ended on a stop token (else it hit its max new tokens).
       branch_positions: ``[B]`` int32, first response position this call sampled (0 for fresh rows;
@@ -67,6 +69,7 @@ class Rollouts:
     lengths: np.ndarray
     logprobs: np.ndarray
     policy_logprobs: np.ndarray
+    raw_logprobs: np.ndarray
     prompt_lengths: np.ndarray
     stopped: np.ndarray
     branch_positions: np.ndarray
@@ -125,6 +128,7 @@ class _Request:
     stops: np.ndarray           # [n, K]
     logprobs: np.ndarray        # [n, M] kept prefix log-probs (zeros for prompts)
     policy_logprobs: np.ndarray
+    raw_logprobs: np.ndarray
     parents: np.ndarray
     branch_positions: np.ndarray
     keep_cache: bool
@@ -140,6 +144,7 @@ class _Request:
     out_seq: np.ndarray | None = None
     out_lp: np.ndarray | None = None
     out_plp: np.ndarray | None = None
+    out_raw: np.ndarray | None = None
     out_pos: np.ndarray | None = None
     archive: object = None      # the rows' kept cache, copied out of the slot batch
     final: DecodeState | None = None  # or the whole final slot batch, taken over
@@ -270,13 +275,15 @@ class Engine:
             raise ValueError("`max_new_tokens` must exceed each branch position")
         keys = inputs.row_keys(key, row_keys, n)
         host = jax.device_get((rollouts.state.tokens, rollouts.state.logprobs,
-                               rollouts.state.policy_logprobs, rollouts.state.stops))
-        seq, lp, plp, stops = (np.asarray(x)[src] for x in host)
+                               rollouts.state.policy_logprobs, rollouts.state.raw_logprobs,
+                               rollouts.state.stops))
+        seq, lp, plp, raw, stops = (np.asarray(x)[src] for x in host)
         start = plen + pos - 1
         keep = np.arange(self.max_len)[None, :] <= start[:, None]
         req = self._request(n, tag, seqs=np.where(keep, seq, 0), plen=plen, starts=start,
                             max_new=max_new, keys=keys, stops=stops, keep_cache=keep_cache)
-        req.logprobs, req.policy_logprobs = np.where(keep, lp, 0), np.where(keep, plp, 0)
+        req.logprobs, req.policy_logprobs, req.raw_logprobs = (np.where(keep, a, 0)
+                                                               for a in (lp, plp, raw))
         req.parents, req.branch_positions = src, pos
         req.stop_check = _checked_stop(stop_check)
         req.caches, req.cache_of, req.source_rows = [rollouts.state.cache], np.zeros(n, np.int32), src
@@ -358,7 +365,7 @@ class Engine:
         return _Request(rid=rid, tag=rid if tag is None else tag, n=n, seqs=seqs, prompt_lengths=plen,
                         starts=starts.astype(np.int32), max_new=max_new,
                         keys=np.asarray(jax.random.key_data(keys)), stops=stops, logprobs=zeros,
-                        policy_logprobs=zeros, parents=np.full(n, -1, np.int32),
+                        policy_logprobs=zeros, raw_logprobs=zeros, parents=np.full(n, -1, np.int32),
                         branch_positions=np.zeros(n, np.int32), keep_cache=keep_cache)
 
     # ----------------------------------------------------------------------------- scheduling
@@ -408,7 +415,8 @@ class Engine:
             b, m = self.slots, self.max_len
             self._state_cache = None
             return dict(tokens=np.zeros((b, m), np.int32), logprobs=np.zeros((b, m), np.float32),
-                        policy_logprobs=np.zeros((b, m), np.float32), last=np.zeros(b, np.int32),
+                        policy_logprobs=np.zeros((b, m), np.float32),
+                        raw_logprobs=np.zeros((b, m), np.float32), last=np.zeros(b, np.int32),
                         pos=np.zeros(b, np.int32), end=np.ones(b, np.int32), active=np.zeros(b, bool),
                         keys=np.zeros((b, 2), np.uint32), stops=np.full((b, 1), -1, np.int32))
         self._state_cache = self._state.cache
@@ -463,6 +471,7 @@ class Engine:
             host["tokens"][slots] = req.seqs[rows]
             host["logprobs"][slots] = req.logprobs[rows]
             host["policy_logprobs"][slots] = req.policy_logprobs[rows]
+            host["raw_logprobs"][slots] = req.raw_logprobs[rows]
             host["last"][slots], host["pos"][slots] = req.seqs[rows, start], start
             host["end"][slots] = req.prompt_lengths[rows] + req.max_new[rows]
             host["active"][slots] = True
@@ -502,6 +511,7 @@ class Engine:
         host = jax.device_get(st._replace(cache=None, keys=jax.random.key_data(st.keys)))
         self._host = {k: np.array(v) for k, v in host._asdict().items() if k != "cache"}
         seq, lp, plp = self._host["tokens"], self._host["logprobs"], self._host["policy_logprobs"]
+        raw = self._host["raw_logprobs"]
         pos, active = self._host["pos"], self._host["active"]
         self._check_stops(seq, pos, active)
         finished = collections.defaultdict(list)
@@ -519,10 +529,11 @@ class Engine:
             slots = [s for s, _, _ in group]
             rows = [row for _, _, row in group]
             if req.out_seq is None:
-                req.out_seq, req.out_lp, req.out_plp = (np.zeros_like(a) for a in (req.seqs, req.logprobs,
-                                                                                    req.logprobs))
+                req.out_seq, req.out_lp, req.out_plp, req.out_raw = (
+                    np.zeros_like(a) for a in (req.seqs, req.logprobs, req.logprobs, req.logprobs))
                 req.out_pos = np.zeros(req.n, np.int32)
             req.out_seq[rows], req.out_lp[rows], req.out_plp[rows] = seq[slots], lp[slots], plp[slots]
+            req.out_raw[rows] = raw[slots]
             req.out_pos[rows] = pos[slots]
             if req.keep_cache:
                 if (alone and len(group) == req.n and slots == rows == list(range(req.n))
@@ -579,11 +590,13 @@ class Engine:
             pad = lambda a: jnp.asarray(np.concatenate([a, np.repeat(a[:1], bb - n, axis=0)]) if bb > n else a)
             state = DecodeState(
                 cache=req.archive, tokens=pad(seq), logprobs=pad(req.out_lp), policy_logprobs=pad(req.out_plp),
+                raw_logprobs=pad(req.out_raw),
                 last=pad(seq[np.arange(n), pos]), pos=pad(pos), end=pad(plen + req.max_new),
                 active=jnp.zeros(bb, bool), keys=jax.random.wrap_key_data(pad(req.keys)), stops=pad(req.stops))
         req.caches = req.seqs = req.final = None  # release the prefill / parent cache references
         return Rollouts(tokens=take(seq, np.int32), mask=mask, lengths=lengths,
                         logprobs=take(req.out_lp, np.float32), policy_logprobs=take(req.out_plp, np.float32),
+                        raw_logprobs=take(req.out_raw, np.float32),
                         prompt_lengths=np.asarray(plen, np.int32), stopped=stopped,
                         branch_positions=np.asarray(req.branch_positions, np.int32),
                         parents=np.asarray(req.parents, np.int32), max_new_tokens=np.asarray(req.max_new, np.int32),

@@ -6,7 +6,7 @@ import pytest
 from hindsight.envs import make_env
 from hindsight.envs.search import exact_match, f1_score, read_corpus
 from hindsight.testing import CharTokenizer
-from hindsight.rollout.episodes import Episode
+from hindsight.rollout.episodes import Episode, Piece
 from hindsight.tasks import get_task
 
 
@@ -53,8 +53,8 @@ def test_task_splits_actions_and_query_mask(tmp_path):
     ep = Episode(key=(0, 0), status="done")
     obs = np.asarray(tok.encode("<information>x</information>"), np.int32)
     zeros = lambda n: np.zeros(n, np.float32)
-    ep.pieces = [(np.asarray(ids, np.int32), zeros(len(ids)), zeros(len(ids)), 0, mask),
-                 (obs, zeros(obs.size), zeros(obs.size), -1, None)]
+    ep.pieces = [Piece(np.asarray(ids, np.int32), *[zeros(len(ids))] * 3, 0, mask),
+                 Piece(obs, *[zeros(obs.size)] * 3, -1)]
     row = ep.arrays(64, 2)
     assert row["search_mask"].sum() == len("blue nile") and not row["search_mask"][len(ids):].any()
     assert (row["mask"][:len(ids)]).all() and not row["mask"][len(ids):].any()

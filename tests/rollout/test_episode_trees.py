@@ -100,6 +100,14 @@ def test_logp_old_matches_a_rescore_and_no_prefix_is_prefilled(played, model):
     rescored = context_logprobs(model, batch)
     m = batch["mask"] > 0
     np.testing.assert_allclose(rescored[m], batch["logp_old"][m], atol=1e-5, rtol=1e-5)
+    # the temperature-1 log-probs the tree scores with travel with each action piece (sampled at
+    # temperature 1 here: equal to the policy's, zero on observations)
+    for eps in episodes:
+        for ep in eps:
+            row = ep.arrays(512, 3)
+            np.testing.assert_array_equal(row["raw_logprobs"], row["policy_logprobs"])
+            assert (row["raw_logprobs"][row["turn_id"] >= 0] != 0).any()
+            assert (row["raw_logprobs"][row["turn_id"] < 0] == 0).all()
     engine = clock.engines["main"]
     # prefills: each distinct first prompt of an example's roots, and each fresh row's; never a
     # continuation's (its history comes from the root's cache of the branched turn)

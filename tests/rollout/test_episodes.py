@@ -40,12 +40,12 @@ def test_three_turn_layout_logprobs_and_cache_reuse(model, tokenizer):
         for g, ep in enumerate(eps):
             assert ep.status == "turns" and len(ep.actions) == 3 and len(ep.rewards) == 3
             # prompt, action, observation, action, observation, action
-            kinds = [p[3] for p in ep.pieces]
+            kinds = [p.turn for p in ep.pieces]
             assert kinds == [0, -1, 1, -1, 2]
             first = encode_prompt(tokenizer, task.first_turn(examples[k], ep.observations[0]))
             np.testing.assert_array_equal(ep.prompt, first)
             at = 0
-            for j, (ids, plp, _, turn, search) in enumerate(ep.pieces):
+            for j, (ids, plp, _, _, turn, search) in enumerate(ep.pieces):
                 assert search is None  # textgame has no searches
                 n = len(ids)
                 np.testing.assert_array_equal(group.tokens[g, at:at + n], ids)
@@ -84,7 +84,7 @@ def test_context_cap_ends_the_episode(model, tokenizer):
         assert ep.status == "context" and "budget (120)" in ep.feedback
         # ended by the budget before the turn cap, what was played kept (every action's reward)
         assert ep.length <= 120 and 1 <= len(ep.actions) < 5
-        assert len(ep.rewards) == len(ep.actions) and ep.pieces[-1][3] >= 0
+        assert len(ep.rewards) == len(ep.actions) and ep.pieces[-1].turn >= 0
     assert (groups[0].lengths <= 120).all()
 
 

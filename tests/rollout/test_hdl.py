@@ -131,12 +131,13 @@ def test_default_tree_reflections_stay_under_the_cap(model, tokenizer):
     assert 2 <= stats.reflection_tokens[0] <= 2 * 12  # two reflections of at most 96 // 8
 
 
-@pytest.mark.parametrize("scoring_temperature,rescored", [(1.0, True), (None, False), (0.7, False)])
+@pytest.mark.parametrize("scoring_temperature,rescored",
+                         [(1.0, False), (None, False), (0.7, False), (0.5, True)])
 def test_scoring_temperature(model, tokenizer, monkeypatch, scoring_temperature, rescored):
-    """The score's two log-probs are at ``scoring_temperature`` (the spec's 1.0 by default):
-    sampled at 0.7, the roots are then re-scored after the prompt in the same call; at the
-    sampling temperature (None, or equal) the sampler's log-probs are reused. Both contexts are
-    scored from the roots' cached K/V: the same log-probs as a full re-score."""
+    """The score's two log-probs are at ``scoring_temperature`` (the spec's 1.0 by default): at
+    the sampling temperature (None, or equal) and at 1 the sampler's log-probs are reused (it
+    records both); at another one (0.5) the roots are re-scored after the prompt in the same call.
+    Every context is scored from the roots' cached K/V: the same log-probs as a full re-score."""
     calls = []
 
     def spy(model, contexts, responses, **kw):
@@ -152,7 +153,7 @@ def test_scoring_temperature(model, tokenizer, monkeypatch, scoring_temperature,
             sampling=SamplingParams(max_new_tokens=24, temperature=0.7),
             rollout=RolloutConfig(stop_at_eos=False, tree=dataclasses.replace(
                 TREE, rescore_original=False)))
-    want = 1.0 if scoring_temperature == 1.0 else 0.7
+    want = 0.7 if scoring_temperature is None else scoring_temperature
     assert calls == [(4 if rescored else 2, want, True)]
 
 

@@ -174,3 +174,32 @@ def test_stop_check_ends_rows_at_the_cut_with_the_uncut_prefix():
     assert out.prompt_lengths[0] == 4 + 5 + 2
     with pytest.raises(TypeError, match="stop_check"):
         engine.submit([1, 2], stop_check="</a>")
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_raw_logprobs_equal_a_rescore_at_temperature_one(tiny, temperature):
+    """``raw_logprobs`` (kept so that HDL's scoring at temperature 1 needs no re-score) equal a
+    teacher-forced score at temperature 1 of fresh rows, of branches (the parent's prefix kept,
+    the rest their own) and of an extension's new turn; at temperature 1 they are the policy's."""
+    from hindsight.sampling import score_logprobs
+
+    params = SamplingParams(max_new_tokens=12, temperature=temperature, stop_tokens=(3,))
+    engine = Engine(tiny, params, slots=4, max_len=64, chunk_steps=4)
+    engine.submit(PROMPTS[1], num_samples=2, key=jax.random.key(7), keep_cache=True, tag="roots")
+    roots = engine.run()["roots"]
+    engine.submit_branch(roots, [0, 1], [min(3, roots.lengths[0] - 1), 0], [1, 1],
+                         key=jax.random.key(8), tag="branches")
+    engine.submit_extend(roots, [0], [[11, 12, 13]], max_new_tokens=6, key=jax.random.key(9),
+                         tag="extended")
+    out = engine.run()
+    for res, contexts in ((roots, [PROMPTS[1]] * 2),
+                          (out["branches"], [PROMPTS[1]] * 2),
+                          (out["extended"], [list(roots.sequence(0)) + [11, 12, 13]])):
+        responses = [res.tokens[r, :res.lengths[r]] for r in range(res.num_rows)]
+        want = np.asarray(score_logprobs(tiny, contexts, responses, temperature=1.0))
+        np.testing.assert_allclose(res.raw_logprobs[:, :want.shape[1]], want, rtol=1e-5, atol=1e-5)
+        assert (res.raw_logprobs[~res.mask] == 0).all()
+        if temperature == 1.0:
+            np.testing.assert_array_equal(res.raw_logprobs, res.policy_logprobs)
+        else:
+            assert not np.allclose(res.raw_logprobs[res.mask], res.policy_logprobs[res.mask])
