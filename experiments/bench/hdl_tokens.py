@@ -49,9 +49,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
+
+from experiments.bench import load_and_machine
 
 
 def _log(*msg) -> None:
@@ -225,10 +226,7 @@ def main(argv=None) -> dict:
         "collect_cpu_seconds_last": {"grpo": round(grpo_cpu, 2), "hdl": round(hdl_cpu, 2)},
         "compile_seconds_in_last_timed_run": {"grpo": round(grpo_jit, 2), "hdl": round(hdl_jit, 2)},
         "hdl_cpu_time_saving": round(1.0 - hdl_cpu / grpo_cpu, 4),
-        "loadavg_1_5_15m": {"start": [round(x, 2) for x in load_start],
-                            "end": [round(x, 2) for x in os.getloadavg()]},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "jax_backend": jax.default_backend()},
+        **load_and_machine(load_start),
     }
     print(json.dumps(result))
     return result

@@ -28,10 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
+
+from experiments.bench import load_and_machine
 
 
 def _log(*msg) -> None:
@@ -121,10 +122,7 @@ def main(argv=None) -> dict:
         "speedup": round(median["full"] / median["prefix"], 3),
         "speedup_prefix_only": round(median["full"] / median["prefix_rescore"], 3),
         "max_abs_logprob_diff": max(diffs),
-        "loadavg_1_5_15m": {"start": [round(x, 2) for x in load_start],
-                            "end": [round(x, 2) for x in os.getloadavg()]},
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "jax_backend": jax.default_backend()},
+        **load_and_machine(load_start),
     }
     print(json.dumps(result))
     return result
