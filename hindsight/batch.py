@@ -35,6 +35,14 @@ rollout layer builds only those. A context some rows have no content for (a teac
 parts a row lacks, :mod:`hindsight.rollout.contexts`) also carries ``{name}_row_mask [B]`` (0 on
 such rows, whose context tokens are a placeholder); a loss reading it leaves those rows out
 (:func:`hindsight.methods.forward.context_mask`).
+
+Packed contexts (:mod:`hindsight.packing`, the train step's ``train.packing``): a context's
+``tokens`` / ``positions`` / ``attention_mask`` may be replaced by its sequences laid end to end
+in ``C`` chunks of ``R`` rows of ``L`` positions, ``{name}_packed_tokens``,
+``{name}_packed_positions`` and ``{name}_packed_segments`` ``[C, R, L]`` int32 (segment 0 is
+padding; each other value one sequence of its row); chunk ``c`` holds the sequences of the
+``c``-th contiguous ``B / C`` rows, and ``{name}_target_index [B, T]`` then indexes the flattened
+``R * L`` positions of the row's own chunk.
 """
 from __future__ import annotations
 
@@ -51,12 +59,18 @@ RESPONSE_KEYS = ("targets", "target_index", "mask")
 FIELD_KEYS = ("logp_old", "advantages", "rewards")
 CONTEXT_KEYS = ("tokens", "positions", "attention_mask", "target_index")
 OPTIONAL_CONTEXT_KEYS = ("row_mask",)
+PACKED_KEYS = ("packed_tokens", "packed_positions", "packed_segments")  # replace POLICY_KEYS
 _INT_KEYS = ("tokens", "positions", "targets", "target_index")
 
 
 def context_key(context: str | None, key: str) -> str:
     """Batch key of ``key`` in ``context``: ``"tokens"`` (policy) or ``"teacher_tokens"``."""
     return key if context is None else f"{context}_{key}"
+
+
+def is_packed(batch: Mapping, context: str | None = None) -> bool:
+    """Whether ``context`` (None: the policy context) of ``batch`` is packed."""
+    return context_key(context, "packed_tokens") in batch
 
 
 def _is_int(x) -> bool:
@@ -92,16 +106,19 @@ def check_batch(batch: Mapping, *, method: str, contexts: Iterable[str] = (),
         raise TypeError(f"method {method!r}: the batch must be a dict of arrays, got "
                         f"{type(batch).__name__}")
     # (batch key, base key, context) for every key the method reads.
-    required = [(k, k, None) for k in POLICY_KEYS + RESPONSE_KEYS + tuple(fields)]
+    def layout(c):  # a context's token keys, packed or not
+        return PACKED_KEYS if is_packed(batch, c) else POLICY_KEYS
+
+    required = [(k, k, None) for k in layout(None) + RESPONSE_KEYS + tuple(fields)]
     for c in contexts:
-        required += [(context_key(c, k), k, c) for k in CONTEXT_KEYS]
+        required += [(context_key(c, k), k, c) for k in layout(c) + ("target_index",)]
     for key, _, ctx in required:
         if key not in batch:
             where = f" (context {ctx!r})" if ctx else ""
             raise KeyError(f"method {method!r} needs batch key {key!r}{where}; the batch has "
                            f"{sorted(batch)}")
     for key, base, _ in required:
-        if base in _INT_KEYS and not _is_int(batch[key]):
+        if (base in _INT_KEYS or base in PACKED_KEYS) and not _is_int(batch[key]):
             raise TypeError(f"method {method!r}: batch[{key!r}] must be an integer array, got "
                             f"dtype {np.dtype(batch[key].dtype)}")
     targets = shape_of(batch["targets"])
@@ -116,17 +133,25 @@ def check_batch(batch: Mapping, *, method: str, contexts: Iterable[str] = (),
                              f"batch['targets'] {targets})")
 
     for ctx in (None, *contexts):
-        tok = shape_of(batch[context_key(ctx, "tokens")])
-        if len(tok) != 2 or tok[0] != b:
-            raise ValueError(f"method {method!r}: batch[{context_key(ctx, 'tokens')!r}] has shape "
-                             f"{tok}, expected [B={b}, L]")
-        for k in ("positions", "attention_mask"):
+        keys = layout(ctx)
+        tok = shape_of(batch[context_key(ctx, keys[0])])
+        if is_packed(batch, ctx):
+            if len(tok) != 3 or tok[0] < 1 or b % tok[0]:
+                raise ValueError(f"method {method!r}: batch[{context_key(ctx, keys[0])!r}] has "
+                                 f"shape {tok}, expected [C, R, L] with C dividing B={b}")
+            width = tok[1] * tok[2]   # target_index points into its chunk's R * L positions
+        else:
+            if len(tok) != 2 or tok[0] != b:
+                raise ValueError(f"method {method!r}: batch[{context_key(ctx, keys[0])!r}] has "
+                                 f"shape {tok}, expected [B={b}, L]")
+            width = tok[1]
+        for k in keys[1:]:
             expect(context_key(ctx, k), tok)
         expect(context_key(ctx, "target_index"), (b, t))
         if ctx is not None and context_key(ctx, "row_mask") in batch:
             expect(context_key(ctx, "row_mask"), (b,))
         _check_index_range(context_key(ctx, "target_index"),
-                           batch[context_key(ctx, "target_index")], tok[1])
+                           batch[context_key(ctx, "target_index")], width)
     expect("mask", (b, t))
     if "policy_row_mask" in batch:
         expect("policy_row_mask", (b,))

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_choice
-from hindsight.batch import context_key
+from hindsight.batch import PACKED_KEYS, context_key, is_packed
 from hindsight.objectives import aggregate, term
 from hindsight.ops import LM_HEAD_BACKENDS, LM_HEAD_DEFAULT, lm_head_map, lm_head_sum
 
@@ -76,21 +76,43 @@ def context_hidden(model, batch: Mapping, context: str | None = None, *,
       batch: the batch dict (:mod:`hindsight.batch`).
       context: None for the policy context (``tokens``, ...), else a context name (``"teacher"``
         reads ``teacher_tokens``, ``teacher_positions``, ``teacher_attention_mask``,
-        ``teacher_target_index``).
+        ``teacher_target_index``); a packed context (``{context}_packed_tokens``,
+        :mod:`hindsight.packing`) runs over its packed rows instead.
       frozen: wrap both outputs in ``stop_gradient`` (teachers, references): no gradient flows and
         the pass is never differentiated.
     Returns:
       :class:`Side` ``(hidden [B, S, D], index [B, T], unembed [D, V], frozen)``, ``index`` being
-      ``{context}_target_index``.
+      ``{context}_target_index``; for a packed context ``hidden`` is the gathered ``[B, T, D]``
+      response states and ``index[b, t] = t``.
     """
     key = lambda k: context_key(context, k)
-    hidden, _ = model(batch[key("tokens")], batch[key("positions")],
-                      attention_mask=batch[key("attention_mask")], return_hidden=True)
     index = jnp.asarray(batch[key("target_index")]).astype(jnp.int32)
+    if is_packed(batch, context):
+        hidden, index = _packed_hidden(model, batch, context, index)
+    else:
+        hidden, _ = model(batch[key("tokens")], batch[key("positions")],
+                          attention_mask=batch[key("attention_mask")], return_hidden=True)
     unembed = model.unembedding()
     if frozen:
         return Side(jax.lax.stop_gradient(hidden), index, jax.lax.stop_gradient(unembed), True)
     return Side(hidden, index, unembed, False)
+
+
+def _packed_hidden(model, batch: Mapping, context: str | None, index: jax.Array):
+    """A packed context (:mod:`hindsight.packing`): the model over the ``C * R`` packed rows,
+    then each row's response states gathered from its own chunk: ``(hidden [B, T, D], index
+    [B, T] = t)``. The gather is batched over the chunk axis (the batch shards), so under a
+    mesh it stays on each device."""
+    tokens, positions, segments = (jnp.asarray(batch[context_key(context, k)])
+                                   for k in PACKED_KEYS)
+    c, r, length = tokens.shape
+    flat = lambda x: x.reshape(c * r, length)
+    hidden, _ = model(flat(tokens), flat(positions), segment_ids=flat(segments),
+                      return_hidden=True)
+    hidden = hidden.reshape(c, r * length, hidden.shape[-1])
+    b, t = index.shape
+    rows = jax.vmap(lambda h, i: jnp.take(h, i, axis=0))(hidden, index.reshape(c, b // c, t))
+    return rows.reshape(b, t, -1), jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
 
 
 def gather(logp: jax.Array, tokens: jax.Array) -> jax.Array:

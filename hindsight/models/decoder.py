@@ -130,8 +130,8 @@ class Decoder(nnx.Module):
                           dtype=self.dtype if dtype is None else dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, *, cache: KVCache | None = None,
-                 attention_mask: jax.Array | None = None, return_hidden: bool = False,
-                 mlp_reduce: MLPReduce | None = None) -> tuple:
+                 attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
+                 return_hidden: bool = False, mlp_reduce: MLPReduce | None = None) -> tuple:
         """Forward pass.
 
         Args:
@@ -143,6 +143,9 @@ class Decoder(nnx.Module):
             query attends over all slots with `slot <= position` (and `attention_mask[slot]`).
           attention_mask: optional key-validity mask, bool or 0/1: `[B,S]` without a cache, `[B,M]`
             over cache slots with one.
+          segment_ids: optional `[B,S]` int, packed rows without a cache
+            (:mod:`hindsight.packing`): several sequences share a row, each with its own
+            `positions`, and a query sees only the keys of its own segment; 0 marks padding.
           return_hidden: return the final-normed hidden states `[B,S,D]` (compute dtype) instead of
             logits, for a chunked LM head with `unembedding()`.
           mlp_reduce: an :class:`MLPReduce` folded over the layers' MLP post-activations inside
@@ -153,13 +156,13 @@ class Decoder(nnx.Module):
           cache (None without one). With `mlp_reduce`, `(out, cache, carry)`: the fold's final
           carry.
         """
-        self._check_inputs(tokens, positions, cache, attention_mask)
+        self._check_inputs(tokens, positions, cache, attention_mask, segment_ids)
         cfg = self.config
         positions = positions.astype(jnp.int32)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
         cos, sin = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         if cache is None:
-            mask = causal_mask(positions, attention_mask)
+            mask = causal_mask(positions, attention_mask, segment_ids)
         else:
             mask = cache_mask(positions, cache.max_len, attention_mask)
 
@@ -194,7 +197,7 @@ class Decoder(nnx.Module):
         out = h if return_hidden else matmul(h, self.unembedding(), dtype=self.dtype)
         return (out, cache, *fold)
 
-    def _check_inputs(self, tokens, positions, cache, attention_mask) -> None:
+    def _check_inputs(self, tokens, positions, cache, attention_mask, segment_ids) -> None:
         v.check_rank("tokens", tokens, rank=2)
         v.check_same_shape(("tokens", "positions"), tokens, positions)
         for name, x in (("tokens", tokens), ("positions", positions)):
@@ -203,6 +206,11 @@ class Decoder(nnx.Module):
         b, s = tokens.shape
         if cache is not None and cache.batch != b:
             raise ValueError(f"cache has {cache.batch} rows but `tokens` has shape {(b, s)}")
+        if segment_ids is not None:
+            if cache is not None:
+                raise ValueError("`segment_ids` (packed rows) are for a forward pass without a "
+                                 "cache; got a cache too")
+            v.check_same_shape(("tokens", "segment_ids"), tokens, segment_ids)
         if attention_mask is not None:
             want = (b, s) if cache is None else (b, cache.max_len)
             if tuple(attention_mask.shape) != want:

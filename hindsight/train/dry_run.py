@@ -58,7 +58,7 @@ from hindsight.train.experiment import Experiment, resolve
 from hindsight.train.mesh import BATCH_AXES, make_mesh, model_rules, param_shardings, path_str
 from hindsight.train.optim import make_optimizer
 from hindsight.train.state import abstract_train_state, split_model, state_shardings, with_shardings
-from hindsight.train.step import StepConfig, TrainStep
+from hindsight.train.step import TrainStep
 
 TINY_MODEL = "tiny-random"
 DEFAULT_PROMPT_TOKENS = 256
@@ -191,12 +191,8 @@ def dry_run(config, *, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> dict:
         teacher, t_params, t_sh = _sharded(_abstract_policy(exp.teacher.model), mesh)
         teacher_bytes = bytes_per_device(t_params, t_sh)
 
-    coupled = method.group_size if method.couples_rows else None
     step = TrainStep(method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh,
-                     shardings=shardings,
-                     config=StepConfig(batch_size=xp.rows_per_update,
-                                       num_microbatches=t.num_microbatches, group_size=coupled,
-                                       reference=xp.reference, ema_decay=t.ema_decay),
+                     shardings=shardings, config=xp.step_config(),
                      loss_kwargs={"config": method.config}, external_teacher=teacher,
                      head=LMHead(backend=t.lm_head, chunk_size=t.lm_head_chunk_size))
     response = response_width(xp)

@@ -79,7 +79,7 @@ from hindsight.train.mesh import make_mesh, model_rules
 from hindsight.train.metrics import MetricsConfig, MetricsLogger
 from hindsight.train.optim import make_optimizer, make_schedule
 from hindsight.train.state import create_train_state
-from hindsight.train.step import StepConfig, make_train_step
+from hindsight.train.step import make_train_step
 
 TINY_MODEL = "tiny-random"
 EVAL_STREAM = 2**31 - 1  # fold_in index of the evaluation key (training steps use 0, 1, ...)
@@ -517,9 +517,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
     del model  # the state owns the params now; the policy is re-merged from it each step
     step_fn = make_train_step(
         method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
-        config=StepConfig(batch_size=xp.rows_per_update, num_microbatches=t.num_microbatches,
-                          group_size=method.group_size if method.couples_rows else None,
-                          reference=xp.reference, ema_decay=t.ema_decay),
+        config=xp.step_config(),
         schedule=make_schedule(t.optim), max_grad_norm=t.optim.max_grad_norm,
         loss_kwargs={"config": method.config}, head=head, external_teacher=teacher)
     update_method = (None if method.update_state is None else

@@ -48,6 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hindsight.objectives import objective, term_metrics
+from hindsight.packing import pack_batch, packed_fraction
 from hindsight.train.mesh import BATCH_AXES, replicated
 from hindsight.train.state import REFERENCES, ModelDef, TrainState, split_model
 
@@ -104,12 +105,14 @@ class StepConfig:
     the loss couples the rows of each group of ``group_size`` contiguous rows and every
     micro-batch must hold whole groups (:func:`check_layout`); ``reference``: keep no reference
     (None), a ``"frozen"`` copy of the initial params, or an ``"ema"`` of the trained params
-    updated after each optimizer step with ``ema_decay``."""
+    updated after each optimizer step with ``ema_decay``; ``packing``: run the model over
+    packed rows (:mod:`hindsight.packing`), one chunk per micro-batch and batch shard."""
     batch_size: int
     num_microbatches: int = 1
     group_size: int | None = None
     reference: str | None = None
     ema_decay: float = 0.99
+    packing: bool = False
 
     def __post_init__(self):
         _positive_int("step.batch_size", self.batch_size)
@@ -121,6 +124,8 @@ class StepConfig:
                              f"{self.reference!r}")
         if not 0.0 <= self.ema_decay <= 1.0:
             raise ValueError(f"step.ema_decay must be in [0, 1], got {self.ema_decay}")
+        if not isinstance(self.packing, bool):
+            raise ValueError(f"step.packing must be a bool, got {self.packing!r}")
 
     def check(self, mesh: Mesh) -> None:
         """:func:`check_layout` of one optimizer step's rows on ``mesh``."""
@@ -183,8 +188,9 @@ class TrainStep:
     ``loss/<name>`` (its mean), ``weight/<name>`` and ``count/<name>`` (its normaliser over the
     batch), ``grad_norm`` (before clipping), ``nonfinite`` (1 when the loss or the gradient was not
     finite and the update was therefore not applied), ``grad_clipped`` (1 when clipping fired),
-    ``learning_rate`` (the rate used for this update) and each of the loss's metric pairs, divided
-    once.
+    ``learning_rate`` (the rate used for this update), with ``packing`` ``packed_fraction`` (real
+    tokens over packed positions, this process's policy context) and each of the loss's metric
+    pairs, divided once.
     """
 
     def __init__(self, loss_fn: LossFn, *, model_def: ModelDef,
@@ -351,14 +357,30 @@ class TrainStep:
 
     def place(self, batch):
         """This process's rows -> the step's ``[M, B/M, ...]`` global arrays
-        (:func:`shard_batch`)."""
+        (:func:`shard_batch`); with ``packing``, each context first packed into one chunk per
+        micro-batch and local batch shard (a packed leaf becomes ``[M, shards, R, L]``, the
+        shard axis split like the rows)."""
+        return self._place(batch)[0]
+
+    def _place(self, batch) -> tuple[dict, dict]:
+        """``(placed batch, host metrics)``: with ``packing``, ``packed_fraction`` (this
+        process's real policy tokens over its packed positions)."""
         self.check_batch(batch)
-        return shard_batch(batch, self.mesh, num_microbatches=self.config.num_microbatches)
+        extra = {}
+        if self.config.packing:
+            shards = int(np.prod([self.mesh.shape.get(a, 1) for a in BATCH_AXES]))
+            batch = pack_batch(batch, chunks=self.config.num_microbatches
+                               * max(shards // jax.process_count(), 1))
+            if not isinstance(batch["packed_segments"], jax.ShapeDtypeStruct):
+                extra["packed_fraction"] = packed_fraction(batch)
+        return shard_batch(batch, self.mesh, num_microbatches=self.config.num_microbatches), extra
 
     def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-        grads, metrics, rng = self._jitted_grads(state, self._model_def.rest, self.place(batch),
+        placed, extra = self._place(batch)
+        grads, metrics, rng = self._jitted_grads(state, self._model_def.rest, placed,
                                                  self._teacher_params)
-        return self._jitted_apply(state, grads, metrics, rng)
+        state, metrics = self._jitted_apply(state, grads, metrics, rng)
+        return state, {**metrics, **extra}
 
     def grads(self, state: TrainState, batch) -> tuple:
         """``(grads, metrics)`` of the step's loss at ``state`` without updating (not donated):
