@@ -13,7 +13,10 @@ positions never crosses devices. ``{context}_target_index`` is rewritten to inde
 losses see the same ``[B, T, D]`` states, so every method trains on packed rows unchanged.
 
 ``R`` is the most rows any chunk needs, rounded up to a multiple of an eighth of the chunk's
-rows (at most 8 shapes to compile per chunk size); it never exceeds the chunk's row count.
+rows (at most 8 values per context and chunk size, so a method reading ``k`` contexts compiles
+at most ``8 ** k`` step shapes per batch width); it never exceeds the chunk's row count. Processes
+of a multi-host run pack their own rows and must then agree on every context's ``R``
+(:func:`packed_rows`, :func:`with_packed_rows`: the train step takes the largest).
 """
 from __future__ import annotations
 
@@ -123,6 +126,27 @@ def pack_batch(batch: Mapping, *, chunks: int) -> dict:
         for k in POLICY_KEYS:
             del out[key(k)]
         out.update({key(k): v for k, v in packed.items()})
+    return out
+
+
+def packed_rows(batch: Mapping) -> dict[str, int]:
+    """``{packed_tokens key: R}`` of every packed context of ``batch``."""
+    return {k: int(batch[k].shape[1]) for k in sorted(batch) if k.endswith("packed_tokens")}
+
+
+def with_packed_rows(batch: Mapping, rows: Mapping[str, int]) -> dict:
+    """``batch`` with each packed context (keyed as in :func:`packed_rows`) padded with empty
+    rows (segment 0) to ``rows[key]`` rows per chunk; target indices are unchanged, since rows
+    are added after the ones they point into."""
+    out = dict(batch)
+    for key, r in rows.items():
+        prefix = key[:-len("packed_tokens")]
+        have = batch[key].shape[1]
+        if r < have:
+            raise ValueError(f"{key!r} has {have} rows per chunk; cannot shrink it to {r}")
+        for k in PACKED_KEYS:
+            x = np.asarray(batch[prefix + k])
+            out[prefix + k] = np.pad(x, ((0, 0), (0, r - have), (0, 0)))
     return out
 
 

@@ -48,7 +48,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hindsight.objectives import objective, term_metrics
-from hindsight.packing import pack_batch, packed_fraction
+from hindsight.packing import pack_batch, packed_fraction, packed_rows, with_packed_rows
+from hindsight.train import multihost
 from hindsight.train.mesh import BATCH_AXES, replicated
 from hindsight.train.state import REFERENCES, ModelDef, TrainState, split_model
 
@@ -372,6 +373,10 @@ class TrainStep:
             batch = pack_batch(batch, chunks=self.config.num_microbatches
                                * max(shards // jax.process_count(), 1))
             if not isinstance(batch["packed_segments"], jax.ShapeDtypeStruct):
+                if jax.process_count() > 1:   # every process must feed arrays of one shape
+                    local = packed_rows(batch)
+                    most = multihost.allgather(np.array(list(local.values()))).max(axis=0)
+                    batch = with_packed_rows(batch, dict(zip(local, map(int, most))))
                 extra["packed_fraction"] = packed_fraction(batch)
         return shard_batch(batch, self.mesh, num_microbatches=self.config.num_microbatches), extra
 

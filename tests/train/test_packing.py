@@ -10,7 +10,8 @@ import hindsight.train as ht
 from hindsight.batch import CONTEXT_NAMES, check_batch, context_key
 from hindsight.methods import REGISTRY
 from hindsight.methods.forward import context_hidden
-from hindsight.packing import bucket_rows, first_fit, pack_batch, pack_context, packed_fraction
+from hindsight.packing import (bucket_rows, first_fit, pack_batch, pack_context, packed_fraction,
+                               packed_rows, with_packed_rows)
 from hindsight.testing import make_batch, tiny_model
 from tests.train.helpers import flat, max_rel_err, run_script
 from tests.train.run_layout import GROUP, configured, step_for
@@ -90,6 +91,23 @@ def test_packed_hidden_states_equal_padded(model, batch):
     for ctx in want:
         np.testing.assert_allclose(np.asarray(got[ctx])[keep], np.asarray(want[ctx])[keep],
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_padding_to_more_packed_rows_changes_no_state(model, batch):
+    # Multi-process runs pad every process's packed contexts to the largest R of any process.
+    packed = pack_batch(batch, chunks=2)
+    rows = packed_rows(packed)
+    assert sorted(rows) == sorted(context_key(c, "packed_tokens") for c in (None, *CONTEXT_NAMES))
+    wider = with_packed_rows(packed, {k: r + 3 for k, r in rows.items()})
+    assert packed_rows(wider) == {k: r + 3 for k, r in rows.items()}
+    assert packed_fraction(wider) < packed_fraction(packed)
+    check_batch(wider, method="test", contexts=CONTEXT_NAMES)
+    keep = batch["mask"] > 0
+    rows_of = jax.jit(lambda b: context_hidden(model, b, "teacher").rows())
+    np.testing.assert_allclose(np.asarray(rows_of(wider))[keep], np.asarray(rows_of(packed))[keep],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot shrink"):
+        with_packed_rows(packed, {k: 0 for k in rows})
 
 
 def test_segments_need_a_forward_without_cache(model):
