@@ -129,24 +129,25 @@ def pack_batch(batch: Mapping, *, chunks: int) -> dict:
     return out
 
 
-def packed_rows(batch: Mapping) -> dict[str, int]:
-    """``{packed_tokens key: R}`` of every packed context of ``batch``."""
-    return {k: int(batch[k].shape[1]) for k in sorted(batch) if k.endswith("packed_tokens")}
+def packed_rows(batch: Mapping) -> dict[str | None, int]:
+    """``{context: R}`` of every packed context of ``batch`` (None: the policy's)."""
+    return {ctx: int(batch[context_key(ctx, "packed_tokens")].shape[1])
+            for ctx in (None, *CONTEXT_NAMES) if is_packed(batch, ctx)}
 
 
-def with_packed_rows(batch: Mapping, rows: Mapping[str, int]) -> dict:
-    """``batch`` with each packed context (keyed as in :func:`packed_rows`) padded with empty
-    rows (segment 0) to ``rows[key]`` rows per chunk; target indices are unchanged, since rows
-    are added after the ones they point into."""
+def with_packed_rows(batch: Mapping, rows: Mapping[str | None, int]) -> dict:
+    """``batch`` with each packed context of ``rows`` padded with empty rows (segment 0) to
+    ``rows[context]`` rows per chunk; target indices are unchanged, since rows are added after
+    the ones they point into."""
     out = dict(batch)
-    for key, r in rows.items():
-        prefix = key[:-len("packed_tokens")]
-        have = batch[key].shape[1]
+    for ctx, r in rows.items():
+        have = batch[context_key(ctx, "packed_tokens")].shape[1]
         if r < have:
-            raise ValueError(f"{key!r} has {have} rows per chunk; cannot shrink it to {r}")
+            raise ValueError(f"context {ctx or 'policy'!r} has {have} packed rows per chunk; "
+                             f"cannot shrink it to {r}")
         for k in PACKED_KEYS:
-            x = np.asarray(batch[prefix + k])
-            out[prefix + k] = np.pad(x, ((0, 0), (0, r - have), (0, 0)))
+            x = np.asarray(batch[context_key(ctx, k)])
+            out[context_key(ctx, k)] = np.pad(x, ((0, 0), (0, r - have), (0, 0)))
     return out
 
 
