@@ -6,7 +6,8 @@ then a report.
 Both methods run ``configs/<method>.py:demo`` (same task, prompts per step, response cap and
 engine slots; GRPO samples 16 independent rows per prompt, HDL a tree of 16) through the launcher's
 loop (:func:`hindsight.train.loop.run`), each in its own run directory under ``--out``; an
-existing complete run is reported as is (``--fresh`` deletes it first). Writes
+existing complete run is reported as is (``--fresh`` deletes it first; compiled programs are
+kept in ``<out>/xla-cache``). Writes
 ``<out>/report.md`` (+ ``curves.png``, ``trajectory.png``) and ``<out>/summary.json`` with
 ``hdl_token_saving`` / ``hdl_wallclock_saving`` (fractions of GRPO's generated tokens and rollout
 seconds per group, over the steps after the first, whose rollout includes compilation),
@@ -31,6 +32,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=os.path.join("runs", "demo"))
     parser.add_argument("--fresh", action="store_true", help="delete earlier demo runs first")
     args = parser.parse_args(argv)
+    # XLA's persistent compilation cache (read when jax is first imported, below): HDL's run
+    # reuses the programs GRPO's run compiled where they are the same (the evaluation's and the
+    # engine's at equal shapes), and a second `make demo` skips most compiles. Entries are keyed
+    # by the program, the options and the jax version. An explicit JAX_COMPILATION_CACHE_DIR wins.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(args.out, "xla-cache"))
 
     from absl import logging
     logging.set_verbosity(logging.WARNING)
