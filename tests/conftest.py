@@ -1,5 +1,6 @@
 """Shared test fixtures: float64 NumPy references live in each test file, not here."""
 import os
+import shutil
 
 # Most tests compile many small programs (tiny models) and run them once: with LLVM's backend
 # optimisations off, XLA compiles them about 40% faster (tests/methods/test_losses.py: 76 s
@@ -15,15 +16,18 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # run rebuilds its step, a child process builds the model its parent built, two methods share a
 # loss path). On a fresh clone this saves a quarter of tests/train/test_loop.py (204 -> 156 s);
 # a warm cache (a second run) halves it again. Entries are keyed by the program, the compile
-# options, XLA_FLAGS and the jax/jaxlib version, so a stale hit is not possible; the size cap turns
-# on JAX's LRU eviction and its file lock (two workers writing one entry). `pytest --cache-clear`
-# removes it with the rest of .pytest_cache. Set JAX_COMPILATION_CACHE_DIR yourself to move it.
+# options, XLA_FLAGS and the jax/jaxlib version, so a stale hit is not possible. No size cap: with
+# one, JAX lists and reads every entry's timestamp on each write (0.5 s per write at 4,000 entries,
+# minutes over a run); pytest_configure below empties the directory past CACHE_LIMIT instead.
+# Without the cap there is no file lock: a worker that reads an entry the other is still writing
+# warns and compiles (the entry is whole once written). `pytest --cache-clear` removes it with the rest of .pytest_cache; set
+# JAX_COMPILATION_CACHE_DIR yourself to move it.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE_LIMIT = 2 << 30
 for _key, _value in (
         ("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, ".pytest_cache", "xla")),
         ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),   # tiny programs repeat most
-        ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1"),
-        ("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))):
+        ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")):
     os.environ.setdefault(_key, _value)
 
 import numpy as np  # noqa: E402
@@ -33,6 +37,17 @@ import pytest  # noqa: E402
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def pytest_configure(config):
+    """The controller (not an xdist worker) empties the compilation cache past CACHE_LIMIT."""
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    if hasattr(config, "workerinput") or not os.path.isdir(cache):
+        return
+    with os.scandir(cache) as entries:
+        size = sum(e.stat().st_size for e in entries if e.is_file())
+    if size > CACHE_LIMIT:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

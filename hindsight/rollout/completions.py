@@ -138,7 +138,7 @@ def completion_rows(model, examples: Sequence[Example], prompts: Sequence, compl
             logp[scored] = fit_width(np.asarray(score_logprobs(
                 model, [prompts[k] for k in scored], [ids[k] for k in scored],
                 min_response_len=width,
-                temperature=1.0 if params.greedy else params.temperature)), width)
+                temperature=params.policy_temperature)), width)
     groups = []
     for k, ex in enumerate(examples):
         n = len(ids[k])
@@ -290,8 +290,8 @@ def generated_completions(model, tokenizer, verifier: Verifier, examples: Sequen
                             group_size=num_samples, slots=slots, chunk_steps=chunk_steps,
                             clock=clock, first_index=first_index, writer=writer)
     with clock.host_phase("score"):
-        gains = context_gain(model, tokenizer, sampled, part, templates=templates,
-                             temperature=1.0 if params.greedy else params.temperature)
+        gains = context_gain(model, tokenizer, sampled, part,
+                             temperature=params.policy_temperature, templates=templates)
     rule = PART_SELECTIONS[select]
     prompts, completions, checked, written, kept = [], [], [], [], []
     for g, gain in zip(sampled, gains):

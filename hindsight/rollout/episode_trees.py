@@ -150,7 +150,7 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
             question=ep.first_turn), np.int32) for r, ep in zip(root_rows, roots)]
         lengths = np.array([ep.length for ep in roots], np.int32)
         mask = np.stack([a["mask"] for a in arrays])
-        sampled_at = 1.0 if params.greedy else params.temperature
+        sampled_at = params.policy_temperature
         temp = config.scoring_temp(sampled_at)
         # logp_orig is the sampler's, at the sampling temperature or at 1 (the spec's scoring
         # temperature; the engine records both); at another temperature the episodes are

@@ -222,19 +222,23 @@ class PartWriter:
             finished=bool(rollouts.stopped[0]))
 
 
-def context_gain(model, tokenizer, groups: Sequence[GroupRows], name: str, *,
-                 templates: Templates = Templates(), temperature: float = 1.0) -> np.ndarray:
+def context_gain(model, tokenizer, groups: Sequence[GroupRows], name: str, *, temperature: float,
+                 templates: Templates = Templates()) -> np.ndarray:
     """How much each group's generated part ``name`` helps its successful responses: the token
     mean, over every token of the group's successful rows (reward >= 0.5), of
     ``log pi(y_t | context of recipe (name,)) - log pi(y_t | question)`` at ``temperature``: the
-    stage-2 teacher's context against the policy's (SEED's ``Delta``, averaged). Both sides are
-    teacher-forced in one call.
+    stage-2 teacher's context against the policy's (SEED's ``Delta``, averaged). Only the context
+    side is scored (teacher-forced, one call): the question side is the group's
+    ``policy_logprobs``, which the sampler recorded for the same tokens under the same prompt.
 
+    Args:
+      temperature: the temperature the groups were sampled at, ``params.policy_temperature``
+        (their ``policy_logprobs`` are at it).
     Returns:
       ``[P]`` float64; NaN for a group without the part or without a success to score.
     """
     gains = np.full(len(groups), math.nan)
-    contexts, responses, owners = [], [], []
+    contexts, responses, recorded, owners = [], [], [], []
     for i, g in enumerate(groups):
         part = g.generated.get(name)
         if part is None:
@@ -248,12 +252,23 @@ def context_gain(model, tokenizer, groups: Sequence[GroupRows], name: str, *,
             continue
         context = encode_prompt(tokenizer, user)
         for r in wins:
-            response = g.tokens[r, :g.lengths[r]]
-            contexts += [context, g.prompt]
-            responses += [response, response]
+            contexts.append(context)
+            responses.append(g.tokens[r, :g.lengths[r]])
+            recorded.append(g.policy_logprobs[r])
             owners.append(i)
     if not owners:
         return gains
+    width = groups[0].tokens.shape[1]  # the response width: one compiled shape per run
+    scored = fit_width(np.asarray(score_logprobs(model, contexts, responses, min_response_len=width,
+                                                 temperature=temperature), np.float64), width)
+    shift = scored - np.asarray(recorded, np.float64)
+    lengths = np.array([len(r) for r in responses])
+    live = np.arange(width)[None, :] < lengths[:, None]
+    owners = np.asarray(owners)
+    for i in np.unique(owners):
+        rows = owners == i
+        gains[i] = np.sum(np.where(live[rows], shift[rows], 0.0)) / live[rows].sum()
+    return gains
     width = groups[0].tokens.shape[1]  # the response width: one compiled shape per run
     scored = fit_width(np.asarray(score_logprobs(model, contexts, responses, min_response_len=width,
                                                  temperature=temperature), np.float64), width)

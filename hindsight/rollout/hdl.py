@@ -254,7 +254,7 @@ def sample_trees(model, tokenizer, verifier: Verifier, examples: Sequence[Exampl
             templates=options.templates), np.int32) for r in range(n_roots)]
         lengths = roots.lengths
         live = [r for r in range(n_roots) if lengths[r] > 0]
-        sampled_at = 1.0 if params.greedy else params.temperature
+        sampled_at = params.policy_temperature
         temp = config.scoring_temp(sampled_at)
 
         def task_mask(r):  # the task's own rule (e.g. never inside the final answer), if any

@@ -305,7 +305,7 @@ def _find_states(teacher, groups: list[GroupRows], contexts, params: SamplingPar
     positions = [np.full(grp.size, -1, np.int32) for grp in groups]
     if failing:
         # the teacher at the temperature of the sampler's (untruncated) policy log-probs
-        temperature = 1.0 if params.greedy else params.temperature
+        temperature = params.policy_temperature
         responses = [groups[k].tokens[i, :groups[k].lengths[i]] for k, i in failing]
         lt = fit_width(np.asarray(score_logprobs(
             teacher, contexts, responses, context_index=np.array([k for k, _ in failing]),

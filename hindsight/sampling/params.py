@@ -64,6 +64,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def policy_temperature(self) -> float:
+        """The temperature of the untruncated policy log-probs the sampler records (a group's
+        ``policy_logprobs``, the batch's ``logp_old``): ``temperature``, 1 for greedy decoding."""
+        return 1.0 if self.greedy else self.temperature
+
     def for_trace(self) -> "SamplingParams":
         """Copy with only the fields that change the traced computation (the static jit argument):
         ``max_new_tokens`` and ``stop_tokens`` travel as traced per-row arrays, so calls that differ

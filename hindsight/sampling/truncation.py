@@ -145,7 +145,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, params: SamplingParams):
       policy at temperature ``params.temperature`` (1 for greedy).
     """
     logits = logits.astype(jnp.float32)
-    scaled = _scaled(logits, 1.0 if params.greedy else params.temperature)
+    scaled = _scaled(logits, params.policy_temperature)
     policy_lse = jax.nn.logsumexp(scaled, axis=-1)
     if params.greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)

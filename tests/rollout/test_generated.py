@@ -3,6 +3,7 @@ picks a group's row and turn; one skill per group written in the rollout's engin
 that row's cached conversation, capped, keyed by the group's number; the teacher context
 question + skill, rows of a group without one masked; and SEED's stage-1 data (the skills kept by
 their context gain, trained after the conversation that asked for them)."""
+import dataclasses
 import math
 
 import jax
@@ -149,9 +150,14 @@ def _direct_gain(model, tokenizer, group, temperature):
 
 
 def test_context_gain_against_direct_scoring(model, tokenizer):
-    groups = _sample(model, tokenizer, ("one", "zero", "one"))
+    """The question side comes from the sampler's recorded log-probs (at the sampling
+    temperature, 0.8 here), the context side from a teacher-forced score: both against one
+    float64 forward pass over the whole sequences."""
+    groups = _sample(model, tokenizer, ("one", "zero", "one"),
+                     params=dataclasses.replace(PARAMS, temperature=0.8))
     gains = context_gain(model, tokenizer, groups, "skill", temperature=0.8)
     assert math.isnan(gains[1])  # no success to score the skill on
+    assert np.isfinite(gains).sum() >= 1
     for g, gain in zip(groups, gains):
         want = _direct_gain(model, tokenizer, g, 0.8)
         if math.isnan(want):
@@ -163,7 +169,7 @@ def test_context_gain_against_direct_scoring(model, tokenizer):
 def test_stage_one_rows_are_the_kept_skills_after_their_conversations(model, tokenizer):
     kinds = ("one",) * 6 + ("zero",)  # key 1: some skills end and help, some not
     groups = _sample(model, tokenizer, kinds, key=1)
-    gains = context_gain(model, tokenizer, groups, "skill", temperature=1.0)
+    gains = context_gain(model, tokenizer, groups, "skill", temperature=PARAMS.policy_temperature)
     with Verifier(ScriptedTask(), tokenizer, workers=0) as verifier:
         rows, selection = generated_completions(
             model, tokenizer, verifier, examples(*kinds), key=jax.random.key(1), params=PARAMS,
