@@ -269,14 +269,3 @@ def context_gain(model, tokenizer, groups: Sequence[GroupRows], name: str, *, te
         rows = owners == i
         gains[i] = np.sum(np.where(live[rows], shift[rows], 0.0)) / live[rows].sum()
     return gains
-    width = groups[0].tokens.shape[1]  # the response width: one compiled shape per run
-    scored = fit_width(np.asarray(score_logprobs(model, contexts, responses, min_response_len=width,
-                                                 temperature=temperature), np.float64), width)
-    shift = scored[0::2] - scored[1::2]
-    lengths = np.array([len(r) for r in responses[0::2]])
-    live = np.arange(width)[None, :] < lengths[:, None]
-    owners = np.asarray(owners)
-    for i in np.unique(owners):
-        rows = owners == i
-        gains[i] = np.sum(np.where(live[rows], shift[rows], 0.0)) / live[rows].sum()
-    return gains
