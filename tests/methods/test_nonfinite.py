@@ -8,7 +8,8 @@ The properties, for every method of the registry and every LM-head backend:
   ``vocab_mask``) gives a finite loss and finite gradients;
 * NaN in the hidden states of an all-masked row, or in ``logp_old`` / the advantages at masked
   positions, changes nothing: same loss, finite gradients;
-* whenever the loss is finite, so is every gradient.
+* whenever the loss is finite, so is every gradient;
+* the clean loss and gradient are the same under every backend.
 
 The corruptions are made by a wrapper model (:class:`Corrupted`) around the tiny decoder, so they
 reach the losses through the same path as real logits (``context_hidden`` and the LM head).
@@ -95,33 +96,46 @@ def test_every_method_is_covered():
     assert set(CASES) == set(REGISTRY)
 
 
-@pytest.mark.parametrize("backend", ["scan", "fused", "dense"])
+BACKENDS = ("scan", "fused", "dense")
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_non_finite_logits(name, backend, models, batch):
+def test_non_finite_logits(name, models, batch):
+    """Under every LM-head backend (``train.lm_head``), and the three give the same clean loss and
+    gradient (three schedules of one computation; one test, so that each compiled program serves
+    both checks)."""
     assert BANNED not in set(np.asarray(batch["targets"])[np.asarray(batch["mask"]) > 0])
     assert np.asarray(batch["mask"])[0].sum() == 0  # row 0 is all-masked
-    run = _program(name, LMHead(backend=backend, chunk_size=20))
     model = Corrupted(models[0], np.asarray(batch["mask"]).shape[0])
-    clean, clean_grads = run(model.corrupt(), models[1], batch)
-    assert np.isfinite(clean) and _finite(clean_grads)
+    first = None
+    for backend in BACKENDS:
+        run = _program(name, LMHead(backend=backend, chunk_size=20))
+        clean, clean_grads = run(model.corrupt(), models[1], batch)
+        assert np.isfinite(clean) and _finite(clean_grads), backend
+        if first is None:
+            first = clean, clean_grads
+        else:
+            np.testing.assert_allclose(clean, first[0], rtol=2e-6, atol=1e-7, err_msg=backend)
+            for a, b in zip(clean_grads, first[1], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=backend)
 
-    # NaN or +inf logits at valid positions: a non-finite loss
-    for value in (np.nan, np.inf):
-        loss, _ = run(model.corrupt(column=(BANNED, value)), models[1], batch)
-        assert not np.isfinite(loss), (value, loss)
+        # NaN or +inf logits at valid positions: a non-finite loss
+        for value in (np.nan, np.inf):
+            loss, _ = run(model.corrupt(column=(BANNED, value)), models[1], batch)
+            assert not np.isfinite(loss), (backend, value, loss)
 
-    # A token no distribution can produce: through the LM head (a finite matmul) that is a huge
-    # negative logit, not -inf (the -inf case of the loss functions themselves is in
-    # tests/objectives/test_nonfinite.py; an infinite unembedding entry would meet the zeroed
-    # hidden states of masked positions as 0 * inf).
-    loss, grads = run(model.corrupt(column=(BANNED, -1e30)), models[1], batch)
-    assert np.isfinite(loss) and _finite(grads), loss
-    assert loss != clean or name == "drgrpo"  # the banned entry's mass moved elsewhere
+        # A token no distribution can produce: through the LM head (a finite matmul) that is a
+        # huge negative logit, not -inf (the -inf case of the loss functions themselves is in
+        # tests/objectives/test_nonfinite.py; an infinite unembedding entry would meet the zeroed
+        # hidden states of masked positions as 0 * inf).
+        loss, grads = run(model.corrupt(column=(BANNED, -1e30)), models[1], batch)
+        assert np.isfinite(loss) and _finite(grads), (backend, loss)
+        assert loss != clean or name == "drgrpo"  # the banned entry's mass moved elsewhere
 
-    # NaN in every hidden state of the all-masked row: nothing changes
-    loss, grads = run(model.corrupt(nan_row=0), models[1], batch)
-    np.testing.assert_allclose(loss, clean, rtol=2e-6, atol=1e-7)
-    assert _finite(grads)
+        # NaN in every hidden state of the all-masked row: nothing changes
+        loss, grads = run(model.corrupt(nan_row=0), models[1], batch)
+        np.testing.assert_allclose(loss, clean, rtol=2e-6, atol=1e-7, err_msg=backend)
+        assert _finite(grads), backend
 
 
 @pytest.mark.parametrize("name", list(CASES))

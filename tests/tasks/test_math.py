@@ -101,9 +101,12 @@ def test_thread_safe():
     "\\frac{" * 3000 + "1" + "}" * 3000, "The answer is " + "(" * 5000,
 ])
 def test_pathological_responses_are_fast(response):
-    start = time.perf_counter()
+    # This thread's CPU time, not the wall clock: the check runs in the calling thread, and under
+    # `make test` the other worker's programs took the cores (a 0.33 s check measured 2.1 s of
+    # wall clock in a full run, 2026-12-06).
+    start = time.thread_time()
     v = verify_math("5", response)
-    assert v.reward == 0.0 and time.perf_counter() - start < 2.0
+    assert v.reward == 0.0 and time.thread_time() - start < 2.0
 
 
 def test_large_but_ordinary_answers_are_checked():

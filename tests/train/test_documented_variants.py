@@ -7,7 +7,8 @@ task options, sampling), and the default ``smollm2-count_letters`` variant of on
 shape and context set (:func:`_rollout_cases`) and the ``demo`` variants that ``make demo`` runs
 (grpo, hdl) run the
 loop's first rollout, :data:`ROLLOUT_TOKENS` new tokens long, (:func:`hindsight.train.loop.rollout_step`) on the real SmolLM2-135M-Instruct
-and hand the method a batch its contract accepts (slow: the model is loaded once for the module).
+and hand the method a batch its contract accepts; HDL's trees are checked against the real
+weights (:func:`_check_trees`) (slow: the model is loaded once for the module).
 """
 import importlib
 
@@ -17,6 +18,7 @@ import pytest
 from configs.base import DEFAULT_VARIANT
 from hindsight.batch import check_batch
 from hindsight.methods import REGISTRY
+from hindsight.rollout import context_logprobs
 from hindsight.tasks import get_task, synthetic
 from hindsight.train.experiment import resolve
 from hindsight.train.loop import load_policy, preflight, rollout_step
@@ -106,3 +108,31 @@ def test_documented_smollm2_variant_runs_its_first_rollout(smollm2, method, vari
     rewards = np.asarray(batch["rewards"])
     assert np.all(np.isfinite(rewards)) and np.all(np.isfinite(np.asarray(batch["advantages"])))
     assert sum(stats.generated_tokens) >= int(mask.sum())
+    if method == "hdl":
+        _check_trees(batch, stats, model, sampling)
+
+
+TREE_ROWS = {0: (0, range(1, 5)), 1: (0, range(5, 8)), 2: (8, range(9, 13)), 3: (8, range(13, 16))}
+"""HDL's group of 16 rows: branch point i (two per root) -> (its root's row, its continuations)."""
+
+
+def _check_trees(batch, stats, model, sampling):
+    """HDL trees from real weights: each group's sampled tokens are its rows' loss tokens (the
+    continuations' suffixes) plus its reflections; a continuation repeats its root's tokens up to
+    its branch point (it was branched from the root's cache); ``logp_old`` equals a re-score of
+    the whole sequences at the sampling temperature."""
+    targets, mask = np.asarray(batch["targets"]), np.asarray(batch["mask"]) > 0
+    assert len(stats.branch_positions) == len(stats.generated_tokens) == targets.shape[0] // 16
+    assert len(stats.reflections) >= 1 and sum(stats.reflection_tokens) > 0
+    for g, points in enumerate(stats.branch_positions):
+        rows = slice(16 * g, 16 * (g + 1))
+        assert stats.generated_tokens[g] == int(mask[rows].sum()) + stats.reflection_tokens[g]
+        for i, b in enumerate(np.array(points).reshape(-1)):
+            if b > 0:
+                root, continuations = TREE_ROWS[i]
+                for r in continuations:
+                    np.testing.assert_array_equal(targets[16 * g + r, :b],
+                                                  targets[16 * g + root, :b])
+    lp = context_logprobs(model, batch, temperature=sampling.policy_temperature)
+    np.testing.assert_allclose(np.where(mask, lp, 0), np.where(mask, batch["logp_old"], 0),
+                               atol=2e-4)
