@@ -119,8 +119,8 @@ TREE_ROWS = {0: (0, range(1, 5)), 1: (0, range(5, 8)), 2: (8, range(9, 13)), 3: 
 def _check_trees(batch, stats, model, sampling):
     """HDL trees from real weights: each group's sampled tokens are its rows' loss tokens (the
     continuations' suffixes) plus its reflections; a continuation repeats its root's tokens up to
-    its branch point (it was branched from the root's cache); ``logp_old`` equals a re-score of
-    the whole sequences at the sampling temperature."""
+    its branch point (it was branched from the root's cache); the first group's ``logp_old``
+    equals a re-score of its whole sequences at the sampling temperature."""
     targets, mask = np.asarray(batch["targets"]), np.asarray(batch["mask"]) > 0
     assert len(stats.branch_positions) == len(stats.generated_tokens) == targets.shape[0] // 16
     assert len(stats.reflections) >= 1 and sum(stats.reflection_tokens) > 0
@@ -133,6 +133,9 @@ def _check_trees(batch, stats, model, sampling):
                 for r in continuations:
                     np.testing.assert_array_equal(targets[16 * g + r, :b],
                                                   targets[16 * g + root, :b])
-    lp = context_logprobs(model, batch, temperature=sampling.policy_temperature)
-    np.testing.assert_allclose(np.where(mask, lp, 0), np.where(mask, batch["logp_old"], 0),
-                               atol=2e-4)
+    # the first group only: the re-score materialises [rows, S, V] float32 logits
+    first = {k: np.asarray(batch[k])[:16]
+             for k in ("tokens", "positions", "attention_mask", "target_index", "targets")}
+    lp = context_logprobs(model, first, temperature=sampling.policy_temperature)
+    np.testing.assert_allclose(np.where(mask[:16], lp, 0),
+                               np.where(mask[:16], np.asarray(batch["logp_old"])[:16], 0), atol=2e-4)
