@@ -174,6 +174,13 @@ def apply_variant(config: ml_collections.ConfigDict,
         config.train.update(num_steps=3, save_every=3)
         config.train.optim.update(learning_rate=1e-5)
         config.eval.update(num_examples=16, every=0)
+        if hdl:
+            # the head guard (OUR CHOICE, `hindsight.methods.hdl.min_prefix`): branch points in
+            # the first quarter of a root are where h's wording shows, and a continuation from
+            # there regenerates most of a response. At this shape (hdl_tokens, P = 2, T = 96,
+            # 32 slots, float32) the spec's t >= 1 gave a token saving of 0.20 (branch points at
+            # 0.31 of the root), the guard 0.37 (0.53), in the paper's 0.35-0.61
+            config.method_config.min_prefix_fraction = 0.25
     elif variant in ("smollm2-scienceworld", "smollm2-search_qa"):
         # SmolLM2 playing episodes: ScienceWorld's CPU-sized subset (gold paths of 5-10 actions)
         # or search-augmented QA over the shipped corpus; 2 prompts x 4 episodes per step

@@ -122,11 +122,11 @@ class PhaseClock:
             new.subtract(old)
             total = self.engines.setdefault(name, collections.Counter())
             total.update(new)
-            total["slot_steps"] += new["steps"] * engine.slots
 
     def occupancy(self) -> dict[str, float]:
-        """Per engine, the fraction of its slot-steps that decoded a token of an active row (a
-        decode step costs about the same however many of its slots are active)."""
+        """Per engine, the fraction of its slot-steps (decode steps x the slot batch's width at the
+        time, see ``Engine(min_slots=...)``) that decoded a token of an active row: a decode step
+        costs about the same however many of its slots are active."""
         return {name: round(c["row_steps"] / c["slot_steps"], 4)
                 for name, c in self.engines.items() if c["slot_steps"]}
 

@@ -2,10 +2,10 @@
 teacher-forced scoring under other contexts.
 
 Layers: `params` / `truncation` (what is sampled), `decode` (the jitted prefill + ``while_loop``),
-`engine` (the one sampler: continuous batching of prompts, branches and follow-up turns in a fixed
-slot batch; its result type `Rollouts`), `rollouts` (`generate`: groups) and `branch` (continue
-finished rows from a position), each one engine run to completion, `score` (teacher forcing),
-`text` (strings in, strings out), `buckets` (the compiled shapes).
+`engine` (the one sampler: continuous batching of prompts, branches and follow-up turns in a slot
+batch resized to the work; its result type `Rollouts`), `rollouts` (`generate`: groups) and
+`branch` (continue finished rows from a position), each one engine run to completion, `score`
+(teacher forcing), `text` (strings in, strings out), `buckets` (the compiled shapes).
 """
 from hindsight.sampling.params import SamplingParams
 from hindsight.sampling.truncation import sample_tokens, sampling_logprobs, truncated_logits

@@ -27,6 +27,7 @@ class FakeEngine:
         time.sleep(self.cost)
         self.stats["steps"] += 1
         self.stats["row_steps"] += len(self.active)
+        self.stats["slot_steps"] += self.slots
         done, self.active = self.active, []
         return [(t, None) for t in done]
 

@@ -38,6 +38,40 @@ def test_engine_matches_generate_and_branch(tiny):
         np.testing.assert_allclose(got.policy_logprobs, expect.policy_logprobs, rtol=1e-5, atol=1e-6)
 
 
+def test_the_slot_batch_shrinks_and_grows_without_changing_a_row(tiny):
+    """Rows that end at different steps leave the batch to shrink (8 -> 4 -> 2 -> 1 slots, the
+    decoding rows moved to the front), branches queued afterwards grow it again, and every row
+    samples what `generate` and `branch` sample at a fixed width."""
+    keys = jax.random.split(jax.random.key(7), 8)
+    bkeys = jax.random.split(jax.random.key(8), 6)
+    params = SamplingParams(max_new_tokens=24, stop_tokens=())  # rows end at their caps only
+    caps = np.array([3, 24, 5, 9, 2, 17, 12, 6])
+    ref = generate(tiny, [PROMPTS[1]], params, num_samples=8, row_keys=keys, max_new_tokens=caps,
+                   max_len=64)
+    engine = Engine(tiny, params, slots=8, min_slots=1, max_len=64, chunk_steps=2)
+    widths = []
+    step = engine.step
+    engine.step = lambda: (widths.append(len(engine._owner)), step())[1]
+    engine.submit(PROMPTS[1], num_samples=8, row_keys=keys, max_new_tokens=caps, keep_cache=True,
+                  tag="roots")
+
+    def on_result(tag, res):
+        if tag == "roots":
+            engine.submit_branch(res, [1, 5, 6], [10, 1, 4], [3, 2, 1], row_keys=bkeys, tag="branches")
+
+    out = engine.run(on_result)
+    assert engine.stats["resizes"] >= 3 and 1 in widths[:-1] and widths[-1] == 8, widths
+    got = out["roots"]
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    np.testing.assert_array_equal(got.lengths, caps)
+    np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-6)
+    expect = branch(tiny, ref, [1, 5, 6], [10, 1, 4], [3, 2, 1], row_keys=bkeys)
+    np.testing.assert_array_equal(out["branches"].tokens, expect.tokens)
+    np.testing.assert_allclose(out["branches"].policy_logprobs, expect.policy_logprobs,
+                               rtol=1e-5, atol=1e-6)
+    assert engine.stats["slot_steps"] < engine.stats["steps"] * 8  # narrower batches were run
+
+
 def test_prompts_prefilled_in_power_of_two_batches_without_padding_rows(tiny):
     """Three prompts placed at once prefill as 2 + 1 (not padded to 4) and sample what `generate`
     samples."""
