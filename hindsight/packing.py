@@ -2,7 +2,8 @@
 
 A batch context holds ``B`` right-padded rows ``[B, S]`` whose real tokens (``attention_mask``)
 are often far fewer than ``B * S``. :func:`pack_batch` moves each context's real tokens into
-``C`` chunks of ``R`` rows of ``L = S`` positions (first-fit decreasing, a sequence never split),
+``C`` chunks of ``R`` rows of ``L = k * S`` positions (first-fit decreasing, a sequence never
+split; ``k = row_multiple``, 1 unless ``train.pack_row_multiple`` says otherwise),
 with per-segment positions and segment ids, so the model runs ``C * R`` rows instead of ``B``.
 Chunk ``c`` holds the sequences of the ``c``-th contiguous ``B / C`` rows: the train step packs
 one chunk per micro-batch and batch shard (:meth:`hindsight.train.step.TrainStep.place`), so a
@@ -58,8 +59,8 @@ def bucket_rows(needed: int, rows: int) -> int:
     return min(rows, -(-needed // step) * step)
 
 
-def pack_context(tokens, positions, attention_mask, target_index, *,
-                 chunks: int) -> dict[str, np.ndarray]:
+def pack_context(tokens, positions, attention_mask, target_index, *, chunks: int,
+                 row_multiple: int = 1) -> dict[str, np.ndarray]:
     """One context's rows -> packed chunks.
 
     Args:
@@ -67,10 +68,12 @@ def pack_context(tokens, positions, attention_mask, target_index, *,
         set, in order; they need not be a prefix of the row).
       target_index: ``[N, T]`` indices into the rows' ``S`` positions.
       chunks: ``C``, dividing ``N``: chunk ``c`` packs rows ``[c * N / C, (c + 1) * N / C)``.
+      row_multiple: ``k``, packed rows of ``L = k * S`` positions (k = 1: sequences longer than
+        ``S / 2`` get a row each; k = 2 lets them share).
     Returns:
-      ``packed_tokens``, ``packed_positions``, ``packed_segments`` ``[C, R, S]`` int32 (segment
+      ``packed_tokens``, ``packed_positions``, ``packed_segments`` ``[C, R, L]`` int32 (segment
       ``i + 1`` for the chunk's ``i``-th row, 0 on padding) and ``target_index [N, T]`` int32 into
-      the chunk's flattened ``R * S`` positions (an index at a padded position of its row, which
+      the chunk's flattened ``R * L`` positions (an index at a padded position of its row, which
       only masked response positions carry, points at the row's first packed token).
     """
     tokens, positions = np.asarray(tokens), np.asarray(positions)
@@ -79,7 +82,9 @@ def pack_context(tokens, positions, attention_mask, target_index, *,
     n_rows, width = tokens.shape
     if chunks < 1 or n_rows % chunks:
         raise ValueError(f"`chunks` ({chunks}) must be a positive divisor of the rows ({n_rows})")
+    _check_row_multiple(row_multiple)
     per = n_rows // chunks
+    width *= row_multiple
     lengths = real.sum(axis=1)
     placed = [first_fit(lengths[c * per:(c + 1) * per], width) for c in range(chunks)]
     r = bucket_rows(max(p[2] for p in placed), per)
@@ -103,11 +108,18 @@ def pack_context(tokens, positions, attention_mask, target_index, *,
     return out
 
 
-def pack_batch(batch: Mapping, *, chunks: int) -> dict:
+def _check_row_multiple(row_multiple) -> None:
+    if isinstance(row_multiple, bool) or not isinstance(row_multiple, int) or row_multiple < 1:
+        raise ValueError(f"`row_multiple` must be an int >= 1, got {row_multiple!r}")
+
+
+def pack_batch(batch: Mapping, *, chunks: int, row_multiple: int = 1) -> dict:
     """Every context of ``batch`` (the policy's and each of :data:`CONTEXT_NAMES` present)
-    packed into ``chunks`` chunks of contiguous rows (:func:`pack_context`); other keys as they
-    are. ``jax.ShapeDtypeStruct`` leaves (a dry run's abstract rows) give abstract packed leaves
-    at the worst case ``R = N / C`` (every sequence in a row of its own)."""
+    packed into ``chunks`` chunks of contiguous rows of ``row_multiple`` times the context's
+    width (:func:`pack_context`); other keys as they are. ``jax.ShapeDtypeStruct`` leaves (a dry
+    run's abstract rows) give abstract packed leaves at the worst case (every row of ``k * S``
+    positions holding ``k`` sequences: ``R = ceil(N / C / k)``, bucketed)."""
+    _check_row_multiple(row_multiple)
     out = dict(batch)
     for ctx in (None, *CONTEXT_NAMES):
         key = lambda k: context_key(ctx, k)
@@ -118,11 +130,13 @@ def pack_batch(batch: Mapping, *, chunks: int) -> dict:
         parts = [batch[key(k)] for k in POLICY_KEYS] + [batch[key("target_index")]]
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in parts):
             n, s = parts[0].shape
-            packed = {k: jax.ShapeDtypeStruct((chunks, n // chunks, s), np.int32)
+            per = n // chunks
+            rows = bucket_rows(-(-per // row_multiple), per)
+            packed = {k: jax.ShapeDtypeStruct((chunks, rows, s * row_multiple), np.int32)
                       for k in PACKED_KEYS}
             packed["target_index"] = jax.ShapeDtypeStruct(parts[3].shape, np.int32)
         else:
-            packed = pack_context(*parts, chunks=chunks)
+            packed = pack_context(*parts, chunks=chunks, row_multiple=row_multiple)
         for k in POLICY_KEYS:
             del out[key(k)]
         out.update({key(k): v for k, v in packed.items()})

@@ -3,7 +3,9 @@
 What is measured: two :class:`hindsight.train.TrainStep` of GRPO's own loss on the same batch,
 ``StepConfig(packing=False)`` (the rows right-padded to the batch's width ``S``) and
 ``packing=True`` (each row's real tokens packed end to end into rows of ``S`` positions,
-:mod:`hindsight.packing`). The batch is a realistic length mix of a GRPO step on a reasoning
+:mod:`hindsight.packing`), and with ``--row-multiple k`` (k > 1) a third,
+``pack_row_multiple=k`` (rows of ``k * S`` positions, so that sequences longer than ``S / 2``
+share rows). The batch is a realistic length mix of a GRPO step on a reasoning
 task: ``B`` rows, prompts of 40-90 tokens (uniform), responses capped at ``--cap`` tokens whose
 lengths are log-normal around ``cap / 3`` with a quarter of the rows truncated at the cap (the
 mix is reported: mean, quartiles, the padded width and the packed rows). Both steps compile ahead
@@ -15,7 +17,9 @@ function).
 
 The last stdout line is one JSON object: ``packed_time_ratio`` (packed / padded step time),
 ``packed_temp_ratio`` (packed / padded temporaries), ``packed_fraction`` (real tokens over packed
-positions; ``padded_fraction`` the same for the padded rows), the length mix, every time, the
+positions; ``padded_fraction`` the same for the padded rows), with ``--row-multiple k`` the same
+three for the third form (``packed_x{k}_time_ratio``, ``packed_x{k}_temp_ratio``,
+``packed_x{k}_fraction``, against the padded step), the length mix, every time, the
 loss and gradient-norm differences, and the machine with its load before and after.
 """
 from __future__ import annotations
@@ -89,7 +93,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="compute dtype (auto: what model.dtype=auto picks on this machine)")
+    parser.add_argument("--row-multiple", type=int, default=1,
+                        help="also time packed rows of k times the width (train.pack_row_multiple)")
     args = parser.parse_args(argv)
+    if args.row_multiple < 1:
+        parser.error(f"--row-multiple must be >= 1, got {args.row_multiple}")
     load_start = os.getloadavg()
     dtype = auto_compute_dtype() if args.dtype == "auto" else args.dtype
     if args.quick:
@@ -110,12 +118,16 @@ def main(argv=None) -> dict:
     tx = ht.make_optimizer(optim)
     state, shardings, model_def = ht.create_train_state(model, tx, mesh=mesh)
     del model
-    forms = {"padded": False, "packed": True}
+    k = args.row_multiple
+    forms = {"padded": (False, 1), "packed": (True, 1)}
+    if k > 1:
+        forms[f"packed_x{k}"] = (True, k)
     steps, out = {}, {}
-    for form, packing in forms.items():
+    for form, (packing, multiple) in forms.items():
         steps[form] = ht.make_train_step(
             method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
-            config=ht.StepConfig(batch_size=args.rows, packing=packing),
+            config=ht.StepConfig(batch_size=args.rows, packing=packing,
+                                 pack_row_multiple=multiple),
             loss_kwargs={"config": method.config})
         t0 = time.perf_counter()
         mem = steps[form].lower(state, rows).compile().memory_analysis()
@@ -159,6 +171,16 @@ def main(argv=None) -> dict:
         / out["padded"]["first_grad_norm"],
         **load_and_machine(load_start),
     }
+    if k > 1:
+        wide = pack_batch(rows, chunks=1, row_multiple=k)
+        form = out[f"packed_x{k}"]
+        result.update({
+            f"packed_x{k}": form, f"packed_x{k}_shape": list(wide["packed_tokens"].shape),
+            f"packed_x{k}_fraction": packed_fraction(wide),
+            f"packed_x{k}_time_ratio": form["step_time_s"] / out["padded"]["step_time_s"],
+            f"packed_x{k}_temp_ratio": form["xla_temp_gib"] / out["padded"]["xla_temp_gib"],
+            f"packed_x{k}_first_loss_abs_diff": abs(form["first_loss"]
+                                                   - out["padded"]["first_loss"])})
     print(json.dumps(result))
     return result
 

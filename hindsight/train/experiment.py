@@ -193,7 +193,9 @@ class TrainSection:
     backend's default). ``packing`` (default on): the model runs over packed rows (each context's
     sequences end to end, :mod:`hindsight.packing`) instead of right-padded ones; losses and
     gradients are the same (``experiments.bench.packing``: 0.64x the padded step's time on a
-    GRPO length mix). ``reference``: ``"auto"`` keeps a frozen copy of the initial params when
+    GRPO length mix); ``pack_row_multiple`` (default 1): packed rows of that many times the
+    batch's width ``S``, so that sequences longer than ``S / 2`` can share a row (at 1 each gets
+    a row of its own: the demo's rows packed to 0.61 real tokens). ``reference``: ``"auto"`` keeps a frozen copy of the initial params when
     the method's config needs one and none otherwise; ``"none"``, ``"frozen"``, ``"ema"`` (decay
     ``ema_decay``, applied after every optimizer update) force it. ``reference_dtype``: the
     reference copy's storage dtype (None: the params' ``model.param_dtype``, float32 for an EMA;
@@ -211,6 +213,7 @@ class TrainSection:
     lm_head: str = LM_HEAD_DEFAULT
     lm_head_chunk_size: int | None = None
     packing: bool = True
+    pack_row_multiple: int = 1
     reference: str = "auto"
     reference_dtype: str | None = None
     ema_decay: float = 0.99
@@ -222,13 +225,16 @@ class TrainSection:
 
     def __post_init__(self):
         for name in ("num_steps", "ppo_epochs", "ppo_minibatches", "num_microbatches",
-                     "save_every", "max_to_keep", "max_nonfinite_updates"):
+                     "pack_row_multiple", "save_every", "max_to_keep", "max_nonfinite_updates"):
             _positive_int(f"train.{name}", getattr(self, name))
         if self.lm_head_chunk_size is not None:
             _positive_int("train.lm_head_chunk_size", self.lm_head_chunk_size)
         check_choice("train.lm_head", self.lm_head, LM_HEAD_BACKENDS)
         if not isinstance(self.packing, bool):
             raise ValueError(f"train.packing must be true or false, got {self.packing!r}")
+        if self.pack_row_multiple > 1 and not self.packing:
+            raise ValueError(f"train.pack_row_multiple={self.pack_row_multiple} needs "
+                             f"train.packing=True")
         check_choice("train.reference", self.reference, REFERENCE_CHOICES)
         if self.reference_dtype is not None:
             check_choice("train.reference_dtype", self.reference_dtype, DTYPES)
@@ -367,7 +373,8 @@ class Experiment:
         t, m = self.config.train, self.method
         return StepConfig(batch_size=self.rows_per_update, num_microbatches=t.num_microbatches,
                           group_size=m.group_size if m.couples_rows else None,
-                          reference=self.reference, ema_decay=t.ema_decay, packing=t.packing)
+                          reference=self.reference, ema_decay=t.ema_decay, packing=t.packing,
+                          pack_row_multiple=t.pack_row_multiple)
 
 
 def resolve(config, *, num_devices: int | None = None, process_count: int | None = None,

@@ -107,13 +107,15 @@ class StepConfig:
     micro-batch must hold whole groups (:func:`check_layout`); ``reference``: keep no reference
     (None), a ``"frozen"`` copy of the initial params, or an ``"ema"`` of the trained params
     updated after each optimizer step with ``ema_decay``; ``packing``: run the model over
-    packed rows (:mod:`hindsight.packing`), one chunk per micro-batch and batch shard."""
+    packed rows (:mod:`hindsight.packing`), one chunk per micro-batch and batch shard, each row
+    ``pack_row_multiple`` times the batch's width."""
     batch_size: int
     num_microbatches: int = 1
     group_size: int | None = None
     reference: str | None = None
     ema_decay: float = 0.99
     packing: bool = False
+    pack_row_multiple: int = 1
 
     def __post_init__(self):
         _positive_int("step.batch_size", self.batch_size)
@@ -127,6 +129,10 @@ class StepConfig:
             raise ValueError(f"step.ema_decay must be in [0, 1], got {self.ema_decay}")
         if not isinstance(self.packing, bool):
             raise ValueError(f"step.packing must be a bool, got {self.packing!r}")
+        _positive_int("step.pack_row_multiple", self.pack_row_multiple)
+        if self.pack_row_multiple > 1 and not self.packing:
+            raise ValueError(f"step.pack_row_multiple={self.pack_row_multiple} needs "
+                             f"step.packing=True")
 
     def check(self, mesh: Mesh) -> None:
         """:func:`check_layout` of one optimizer step's rows on ``mesh``."""
@@ -371,7 +377,8 @@ class TrainStep:
         if self.config.packing:
             shards = int(np.prod([self.mesh.shape.get(a, 1) for a in BATCH_AXES]))
             batch = pack_batch(batch, chunks=self.config.num_microbatches
-                               * max(shards // jax.process_count(), 1))
+                               * max(shards // jax.process_count(), 1),
+                               row_multiple=self.config.pack_row_multiple)
             if not isinstance(batch["packed_segments"], jax.ShapeDtypeStruct):
                 if jax.process_count() > 1:   # every process must feed arrays of one shape
                     local = packed_rows(batch)

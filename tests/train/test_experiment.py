@@ -86,6 +86,9 @@ def test_unknown_keys_and_values_name_the_key():
         resolve(_config("grpo", "--config.train.lm_head=sparse"))
     with pytest.raises(ConfigError, match=r"train.ppo_epochs must be a positive int, got 0"):
         resolve(_config("grpo", "--config.train.ppo_epochs=0"))
+    with pytest.raises(ConfigError, match=r"train.pack_row_multiple=2 needs train.packing=True"):
+        resolve(_config("grpo", "--config.train.packing=false",
+                        "--config.train.pack_row_multiple=2"))
 
 
 # Each derived key: (method, override, resolved key, expected value).

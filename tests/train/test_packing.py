@@ -49,12 +49,17 @@ def test_bucket_rows():
     assert [bucket_rows(n, 5) for n in (1, 5)] == [1, 5]
 
 
-def test_pack_context_keeps_every_token_and_target(batch):
+@pytest.mark.parametrize("row_multiple", [1, 2])
+def test_pack_context_keeps_every_token_and_target(batch, row_multiple):
     for chunks in (1, 2, 4):
         p = pack_context(*(batch[k] for k in ("tokens", "positions", "attention_mask",
-                                              "target_index")), chunks=chunks)
+                                              "target_index")), chunks=chunks,
+                         row_multiple=row_multiple)
         c, r, length = p["packed_tokens"].shape
-        assert c == chunks and length == batch["tokens"].shape[1] and r <= 16 // chunks
+        assert c == chunks and length == row_multiple * batch["tokens"].shape[1]
+        # every row but the last of k * S positions holds at least k sequences of <= S tokens:
+        # the dry run's worst case
+        assert r <= bucket_rows(-(-16 // chunks // row_multiple), 16 // chunks)
         per = 16 // chunks
         for i in range(16):
             seg = p["packed_segments"][i // per] == i % per + 1
@@ -70,6 +75,32 @@ def test_pack_context_keeps_every_token_and_target(batch):
     with pytest.raises(ValueError, match="must be a positive divisor of the rows"):
         pack_context(*(batch[k] for k in ("tokens", "positions", "attention_mask",
                                           "target_index")), chunks=3)
+    with pytest.raises(ValueError, match="`row_multiple` must be an int >= 1, got 0"):
+        pack_batch(batch, chunks=1, row_multiple=0)
+
+
+def test_rows_of_twice_the_width_hold_sequences_longer_than_half_of_it():
+    """Sequences of 0.6 S tokens take a row each at k = 1 (0.6 real tokens per position) and
+    share rows of 2 S at k = 2 (three to a row: 0.9); the dry run's abstract shape is the worst
+    case."""
+    n, s = 12, 20
+    tokens = np.arange(n * s, dtype=np.int32).reshape(n, s) % 50 + 1
+    mask = (np.arange(s)[None, :] < 12).repeat(n, axis=0).astype(np.int32)
+    positions = np.broadcast_to(np.arange(s, dtype=np.int32), (n, s))
+    target = np.broadcast_to(np.arange(4, 12, dtype=np.int32), (n, 8))
+    one = pack_context(tokens, positions, mask, target, chunks=1)
+    two = pack_context(tokens, positions, mask, target, chunks=1, row_multiple=2)
+    assert one["packed_tokens"].shape == (1, 12, 20) and two["packed_tokens"].shape == (1, 4, 40)
+    assert packed_fraction({"packed_segments": one["packed_segments"]}) == pytest.approx(0.6)
+    assert packed_fraction({"packed_segments": two["packed_segments"]}) == pytest.approx(0.9)
+    np.testing.assert_array_equal(two["packed_tokens"].reshape(-1)[two["target_index"]],
+                                  np.take_along_axis(tokens, target, axis=1))
+    abstract = pack_batch({"tokens": jax.ShapeDtypeStruct((n, s), np.int32),
+                           "positions": jax.ShapeDtypeStruct((n, s), np.int32),
+                           "attention_mask": jax.ShapeDtypeStruct((n, s), np.int32),
+                           "target_index": jax.ShapeDtypeStruct((n, 8), np.int32)},
+                          chunks=1, row_multiple=2)
+    assert abstract["packed_tokens"].shape == (1, 6, 40)  # ceil(12 / 2) rows, bucketed
 
 
 def test_packed_batch_passes_the_contract_and_saves_positions(batch):
@@ -83,10 +114,11 @@ def test_packed_batch_passes_the_contract_and_saves_positions(batch):
         pack_batch(packed, chunks=1)
 
 
-def test_packed_hidden_states_equal_padded(model, batch):
+@pytest.mark.parametrize("row_multiple", [1, 2])
+def test_packed_hidden_states_equal_padded(model, batch, row_multiple):
     rows = jax.jit(lambda b: {ctx or "policy": context_hidden(model, b, ctx).rows()
                               for ctx in (None, *CONTEXT_NAMES)})
-    want, got = rows(batch), rows(pack_batch(batch, chunks=2))
+    want, got = rows(batch), rows(pack_batch(batch, chunks=2, row_multiple=row_multiple))
     keep = batch["mask"] > 0
     for ctx in want:
         np.testing.assert_allclose(np.asarray(got[ctx])[keep], np.asarray(want[ctx])[keep],
