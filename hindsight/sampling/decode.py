@@ -11,7 +11,9 @@ Hence:
 * a branch of a finished row at absolute position a (token a resampled) starts at
   ``(tokens[a-1], a-1)`` on a copy of that row's cache: no prefix recomputation;
 * the token at absolute position t is always drawn with ``fold_in(row_key, t)``, so a row's draws
-  depend only on its key and its own prefix, never on batch neighbours, padding or chunking, and a
+  depend only on its key and its own prefix, never on batch neighbours, padding or chunking (the
+  slot batch's width, which the engine resizes, can change the last bits of its log-probs: XLA:CPU
+  rounds a matmul differently per batch size), and a
   branch at a reproduces decoding from scratch with ``prompt + response[:a]`` as the prompt;
 * a follow-up turn ``s`` (S tokens) after a finished sequence of length L starts at
   ``(s[S-1], L+S-1)`` once `extend` has written ``[seq[L-1], s[:S-1]]`` at ``L-1 .. L+S-2`` on a
