@@ -18,10 +18,10 @@ same however many of its slots are active, so idle slots are not carried through
 to hold their rows and run to completion in one chunk (one ``while_loop`` dispatch); their result
 takes over the slot batch's cache rather than copying it.
 
-Compiles: one decode chunk per (slot batch width, max_len, params), one prefill per (prompt batch bucket,
-prompt length bucket), one extension per (rows bucket, turn length bucket), one row move per
-(rows-moved bucket, source batch), one gather of a fresh slot batch per source batch, one
-resize per (old width, new width).
+Compiles: one decode chunk per (slot batch width, max_len, params), one prefill per (prompt
+batch bucket, prompt length bucket), one extension per (rows bucket, turn length bucket), one row
+move per (rows-moved bucket, source batch), one gather of a fresh slot batch per source batch,
+one resize per (old width, new width).
 """
 from __future__ import annotations
 
