@@ -39,10 +39,12 @@ such rows, whose context tokens are a placeholder); a loss reading it leaves tho
 Packed contexts (:mod:`hindsight.packing`, the train step's ``train.packing``): a context's
 ``tokens`` / ``positions`` / ``attention_mask`` may be replaced by its sequences laid end to end
 in ``C`` chunks of ``R`` rows of ``L`` positions, ``{name}_packed_tokens``,
-``{name}_packed_positions`` and ``{name}_packed_segments`` ``[C, R, L]`` int32 (segment 0 is
-padding; each other value one sequence of its row); chunk ``c`` holds the sequences of the
-``c``-th contiguous ``B / C`` rows, and ``{name}_target_index [B, T]`` then indexes the flattened
-``R * L`` positions of the row's own chunk.
+``{name}_packed_positions``, ``{name}_packed_segments`` and ``{name}_packed_prefixes``
+``[C, R, L]`` int32 (segment 0 is padding; each other value one piece of a sequence: a row's own
+tokens, or one copy of a prefix rows of the chunk share; a position's ``packed_prefixes`` is the
+segment it also sees, its own where none); chunk ``c`` holds the sequences of the ``c``-th
+contiguous ``B / C`` rows, and ``{name}_target_index [B, T]`` then indexes the flattened ``R * L``
+positions of the row's own chunk.
 """
 from __future__ import annotations
 
@@ -59,7 +61,8 @@ RESPONSE_KEYS = ("targets", "target_index", "mask")
 FIELD_KEYS = ("logp_old", "advantages", "rewards")
 CONTEXT_KEYS = ("tokens", "positions", "attention_mask", "target_index")
 OPTIONAL_CONTEXT_KEYS = ("row_mask",)
-PACKED_KEYS = ("packed_tokens", "packed_positions", "packed_segments")  # replace POLICY_KEYS
+PACKED_KEYS = ("packed_tokens", "packed_positions", "packed_segments",  # replace POLICY_KEYS
+               "packed_prefixes")
 _INT_KEYS = ("tokens", "positions", "targets", "target_index")
 
 

@@ -13,6 +13,13 @@ positions never crosses devices. ``{context}_target_index`` is rewritten to inde
 :func:`hindsight.methods.forward.context_hidden` gathers the response states from there: the
 losses see the same ``[B, T, D]`` states, so every method trains on packed rows unchanged.
 
+Rows of a chunk that begin with the same tokens (a group's prompt, an HDL branch point's prompt
+and root prefix, a teacher context's question and reference) share that prefix
+(:func:`shared_prefixes`): a packed row holds one copy of it, which the rows' own tokens attend
+to (``packed_prefixes``, the decoder's ``prefix_ids``), so the model runs a group's prompt once
+per packed row instead of once per response, and its gradient sums over the responses as it
+would over the copies. The states are the padded rows' up to float rounding.
+
 ``R`` is the most rows any chunk needs, rounded up to a multiple of an eighth of the chunk's
 rows (at most 8 values per context and chunk size, so a method reading ``k`` contexts compiles
 at most ``8 ** k`` step shapes per batch width); it never exceeds the chunk's row count. Processes
@@ -29,28 +36,47 @@ import numpy as np
 from hindsight.batch import CONTEXT_NAMES, PACKED_KEYS, POLICY_KEYS, context_key, is_packed
 
 
-def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """First-fit decreasing: ``(bin [N], offset [N], bins)`` placing sequences of ``lengths``
-    into bins of ``capacity`` tokens (longest first, each into the first bin it fits; ties keep
-    their order, so the result is deterministic). Empty sequences take bin 0, offset 0."""
+def first_fit(lengths, capacity: int, *, prefix=None, group=None):
+    """First-fit decreasing: ``(bin [N], offset [N], copy [N], bins)`` placing sequences of
+    ``lengths`` tokens into bins of ``capacity`` (longest first, each into the first bin it fits;
+    ties keep their order, so the result is deterministic). Empty sequences take bin 0, offset 0.
+
+    Sequences with the same ``group[i] >= 0`` share their first ``prefix[i]`` tokens (counted in
+    ``lengths``): a bin holds one copy of a group's prefix, laid before the first of its sequences
+    placed there, and a sequence goes first to a bin holding its group's copy (it costs only its
+    own tokens there). Sequence ``i``'s tokens past its shared prefix start at ``offset[i]`` of
+    bin ``bin[i]``, the copy of its prefix at ``copy[i]`` of that bin (-1: it shares none).
+    Each placement costs at most its sequence's length, so a bin closed for lack of room holds
+    more than ``capacity - max(lengths)`` tokens (the dry run's worst case relies on it)."""
     lengths = np.asarray(lengths, np.int64)
+    n = len(lengths)
+    group = np.full(n, -1) if group is None else np.asarray(group, np.int64)
+    prefix = np.where(group >= 0, 0 if prefix is None else np.asarray(prefix, np.int64), 0)
     if lengths.size and lengths.max() > capacity:
         raise ValueError(f"a sequence of {lengths.max()} tokens does not fit rows of "
                          f"{capacity} positions")
-    bins, offsets = np.zeros(len(lengths), np.int64), np.zeros(len(lengths), np.int64)
+    bins, offsets = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    copy = np.full(n, -1, np.int64)
     used: list[int] = []
+    copies: dict[tuple[int, int], int] = {}   # (group, bin) -> offset of the group's copy
     for i in np.argsort(-lengths, kind="stable"):
-        n = int(lengths[i])
-        if n == 0:
+        total, g = int(lengths[i]), int(group[i])
+        if total == 0:
             continue
-        for r, u in enumerate(used):
-            if u + n <= capacity:
-                bins[i], offsets[i], used[r] = r, u, u + n
-                break
-        else:
-            bins[i], offsets[i] = len(used), 0
-            used.append(n)
-    return bins, offsets, max(len(used), 1)
+        own = total - int(prefix[i])
+        # bins holding the group's copy first, then any bin with room for copy + sequence
+        choices = [r for r in range(len(used)) if (g, r) in copies and used[r] + own <= capacity]
+        if not choices:
+            choices = [r for r, u in enumerate(used) if u + total <= capacity] or [len(used)]
+            if choices[0] == len(used):
+                used.append(0)
+            if g >= 0:
+                copies[g, choices[0]] = used[choices[0]]
+                used[choices[0]] += int(prefix[i])
+        r = choices[0]
+        bins[i], offsets[i], copy[i] = r, used[r], copies.get((g, r), -1)
+        used[r] += own
+    return bins, offsets, copy, max(len(used), 1)
 
 
 def bucket_rows(needed: int, rows: int) -> int:
@@ -59,9 +85,50 @@ def bucket_rows(needed: int, rows: int) -> int:
     return min(rows, -(-needed // step) * step)
 
 
+def shared_prefixes(tokens, positions, attention_mask, target_index, mask=None, *,
+                    chunks: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The prefixes rows of a chunk can share: ``(prefix [N], group [N])``.
+
+    Row ``i``'s candidate prefix is its real tokens up to the one whose state predicts its first
+    trained response token (``mask``; the first response token without one): the prompt of a
+    GRPO row, the prompt and the reused root prefix of an HDL continuation. Rows of one chunk
+    whose candidates are equal (tokens and positions) form a group (``group[i] >= 0``, numbered
+    per chunk) sharing ``prefix[i]`` tokens; other rows share nothing (``group`` -1, ``prefix``
+    0). A candidate some of whose positions are not below every later real token's is dropped:
+    its copy could not be attended causally by position (:func:`causal_mask`).
+
+    Any split point gives the same states (a prefix's tokens see only the prefix either way);
+    this one makes the prefix as long as the rows of one prompt have in common.
+    """
+    tokens, positions = np.asarray(tokens), np.asarray(positions)
+    real = np.asarray(attention_mask).astype(bool)
+    target_index = np.asarray(target_index)
+    n_rows = tokens.shape[0]
+    first = (np.zeros(n_rows, np.int64) if mask is None
+             else np.argmax(np.asarray(mask) > 0, axis=1))
+    split = target_index[np.arange(n_rows), first]
+    rank = np.cumsum(real, axis=1) - 1
+    prefix = np.where(real[np.arange(n_rows), split], rank[np.arange(n_rows), split] + 1, 0)
+    group = np.full(n_rows, -1, np.int64)
+    per = n_rows // chunks
+    for c in range(chunks):
+        seen: dict[bytes, list[int]] = {}
+        for i in range(c * per, (c + 1) * per):
+            keep = np.flatnonzero(real[i])
+            head, tail = keep[:prefix[i]], keep[prefix[i]:]
+            if not len(head) or (len(tail) and positions[i, head].max() >= positions[i, tail].min()):
+                continue
+            key = tokens[i, head].tobytes() + b"|" + positions[i, head].tobytes()
+            seen.setdefault(key, []).append(i)
+        for g, rows in enumerate(r for r in seen.values() if len(r) > 1):
+            group[rows] = g
+    return np.where(group >= 0, prefix, 0), group
+
+
 def pack_context(tokens, positions, attention_mask, target_index, *, chunks: int,
-                 row_multiple: int = 1) -> dict[str, np.ndarray]:
-    """One context's rows -> packed chunks.
+                 row_multiple: int = 1, mask=None) -> dict[str, np.ndarray]:
+    """One context's rows -> packed chunks, a prefix shared by rows of a chunk laid once per
+    packed row (:func:`shared_prefixes`: G responses to one prompt attend to one copy of it).
 
     Args:
       tokens, positions, attention_mask: ``[N, S]`` host arrays (real tokens where the mask is
@@ -69,12 +136,17 @@ def pack_context(tokens, positions, attention_mask, target_index, *, chunks: int
       target_index: ``[N, T]`` indices into the rows' ``S`` positions.
       chunks: ``C``, dividing ``N``: chunk ``c`` packs rows ``[c * N / C, (c + 1) * N / C)``.
       row_multiple: ``k``, packed rows of ``L = k * S`` positions (k = 1: sequences longer than
-        ``S / 2`` get a row each; k = 2 lets them share).
+        ``S / 2`` get a row each unless they share a prefix; k = 2 lets them share).
+      mask: optional ``[N, T]`` response mask: where each row's shareable prefix ends.
     Returns:
-      ``packed_tokens``, ``packed_positions``, ``packed_segments`` ``[C, R, L]`` int32 (segment
-      ``i + 1`` for the chunk's ``i``-th row, 0 on padding) and ``target_index [N, T]`` int32 into
-      the chunk's flattened ``R * L`` positions (an index at a padded position of its row, which
-      only masked response positions carry, points at the row's first packed token).
+      ``packed_tokens``, ``packed_positions``, ``packed_segments``, ``packed_prefixes``
+      ``[C, R, L]`` int32 and ``target_index [N, T]`` int32 into the chunk's flattened ``R * L``
+      positions. Segment ``i + 1`` holds the chunk's ``i``-th row's tokens past its shared
+      prefix (all of them if it shares none), segment ``per + 1 + g`` a copy of the chunk's
+      group ``g``'s prefix, 0 padding; ``packed_prefixes`` is the segment each position also
+      sees (the copy in its packed row of its sequence's prefix; its own segment where none).
+      An index at a padded position of its row, which only masked response positions carry,
+      points at the row's first packed token.
     """
     tokens, positions = np.asarray(tokens), np.asarray(positions)
     real = np.asarray(attention_mask).astype(bool)
@@ -86,25 +158,37 @@ def pack_context(tokens, positions, attention_mask, target_index, *, chunks: int
     per = n_rows // chunks
     width *= row_multiple
     lengths = real.sum(axis=1)
-    placed = [first_fit(lengths[c * per:(c + 1) * per], width) for c in range(chunks)]
-    r = bucket_rows(max(p[2] for p in placed), per)
+    prefix, group = shared_prefixes(tokens, positions, real, target_index, mask, chunks=chunks)
+    chunk_rows = lambda x, c: x[c * per:(c + 1) * per]
+    placed = [first_fit(chunk_rows(lengths, c), width, prefix=chunk_rows(prefix, c),
+                        group=chunk_rows(group, c)) for c in range(chunks)]
+    r = bucket_rows(max(p[3] for p in placed), per)
     out = {k: np.zeros((chunks, r, width), np.int32) for k in PACKED_KEYS}
-    # rank[i, j]: how many real tokens of row i come before position j (its packed offset)
+    # rank[i, j]: how many real tokens of row i come before position j
     rank = np.cumsum(real, axis=1) - 1
-    start = np.zeros(n_rows, np.int64)
-    for c, (bins, offsets, _) in enumerate(placed):
+    own_start, copy_start = np.zeros(n_rows, np.int64), np.zeros(n_rows, np.int64)
+    for c, (bins, offsets, copies, _) in enumerate(placed):
         for k in range(per):
             i = c * per + k
             keep = np.flatnonzero(real[i])
-            row, lo = bins[k], offsets[k]
-            sl = slice(lo, lo + len(keep))
-            out["packed_tokens"][c, row, sl] = tokens[i, keep]
-            out["packed_positions"][c, row, sl] = positions[i, keep]
-            out["packed_segments"][c, row, sl] = k + 1
-            start[i] = row * width + lo
-    idx = np.take_along_axis(rank, target_index, axis=1)
+            row, p = bins[k], prefix[i]
+            pieces = [(offsets[k], keep[p:], k + 1)]
+            if p:
+                pieces.append((copies[k], keep[:p], per + 1 + group[i]))
+            for lo, idx, seg in pieces:
+                sl = slice(lo, lo + len(idx))
+                out["packed_tokens"][c, row, sl] = tokens[i, idx]
+                out["packed_positions"][c, row, sl] = positions[i, idx]
+                out["packed_segments"][c, row, sl] = seg
+                out["packed_prefixes"][c, row, sl] = pieces[-1][2]
+            own_start[i] = row * width + offsets[k] - p   # so that own_start + rank is right
+            copy_start[i] = row * width + copies[k]
+    rank_at = np.take_along_axis(rank, target_index, axis=1)
     hit = np.take_along_axis(real, target_index, axis=1)
-    out["target_index"] = (start[:, None] + np.where(hit, idx, 0)).astype(np.int32)
+    idx = np.where(hit, rank_at, 0)
+    in_prefix = idx < prefix[:, None]
+    out["target_index"] = np.where(in_prefix, copy_start[:, None] + idx,
+                                   own_start[:, None] + idx).astype(np.int32)
     return out
 
 
@@ -136,7 +220,8 @@ def pack_batch(batch: Mapping, *, chunks: int, row_multiple: int = 1) -> dict:
                       for k in PACKED_KEYS}
             packed["target_index"] = jax.ShapeDtypeStruct(parts[3].shape, np.int32)
         else:
-            packed = pack_context(*parts, chunks=chunks, row_multiple=row_multiple)
+            packed = pack_context(*parts, chunks=chunks, row_multiple=row_multiple,
+                                  mask=batch.get("mask"))
         for k in POLICY_KEYS:
             del out[key(k)]
         out.update({key(k): v for k, v in packed.items()})

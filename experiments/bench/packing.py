@@ -6,9 +6,12 @@ What is measured: two :class:`hindsight.train.TrainStep` of GRPO's own loss on t
 :mod:`hindsight.packing`), and with ``--row-multiple k`` (k > 1) a third,
 ``pack_row_multiple=k`` (rows of ``k * S`` positions, so that sequences longer than ``S / 2``
 share rows). The batch is a realistic length mix of a GRPO step on a reasoning
-task: ``B`` rows, prompts of 40-90 tokens (uniform), responses capped at ``--cap`` tokens whose
+task: ``B`` rows in groups of ``--group-size`` responses to one prompt (1: every row its own
+prompt), prompts of 40-90 tokens (uniform), responses capped at ``--cap`` tokens whose
 lengths are log-normal around ``cap / 3`` with a quarter of the rows truncated at the cap (the
-mix is reported: mean, quartiles, the padded width and the packed rows). Both steps compile ahead
+mix is reported: mean, quartiles, the padded width and the packed rows). The packed forms lay a
+group's prompt once per packed row (:func:`hindsight.packing.shared_prefixes`);
+``shared_tokens_saved`` is the fraction of the padded rows' real tokens that this removes. Both steps compile ahead
 of time; XLA's buffer plan gives each gradient program's temporaries
 (``memory_analysis().temp_size_in_bytes``), and timed steps alternate (padded, packed, padded,
 ...) so that both see the same machine load; the median is reported. The first step of each
@@ -33,19 +36,22 @@ import time
 GIB = 2.0 ** 30
 
 
-def length_mix(rng, *, rows: int, cap: int):
-    """``(prompt lengths, response lengths)`` of ``rows`` rows (see the module doc)."""
+def length_mix(rng, *, rows: int, cap: int, group_size: int = 1):
+    """``(prompt lengths, response lengths)`` of ``rows`` rows, each group of ``group_size``
+    rows with one prompt (see the module doc)."""
     import numpy as np
 
-    prompts = rng.integers(40, 91, rows)
+    prompts = np.repeat(rng.integers(40, 91, -(-rows // group_size)), group_size)[:rows]
     responses = np.minimum(np.round(rng.lognormal(np.log(cap / 3), 0.6, rows)), cap)
     responses[rng.permutation(rows)[:rows // 4]] = cap   # truncated at the cap
     return prompts.astype(int), np.maximum(responses, 1).astype(int)
 
 
-def make_rows(vocab: int, prompts, responses, *, width: int, seed: int = 0) -> dict:
+def make_rows(vocab: int, prompts, responses, *, width: int, group_size: int = 1,
+              seed: int = 0) -> dict:
     """Right-padded rows of ``prompts[i] + responses[i]`` random tokens in the
-    :mod:`hindsight.batch` layout, every response token in the loss."""
+    :mod:`hindsight.batch` layout, every response token in the loss; the rows of a group of
+    ``group_size`` share their prompt's tokens."""
     import numpy as np
 
     from hindsight.batch import build_batch
@@ -58,7 +64,10 @@ def make_rows(vocab: int, prompts, responses, *, width: int, seed: int = 0) -> d
     index = np.zeros((b, t), np.int32)
     mask = np.zeros((b, t), np.float32)
     for i, (p, r) in enumerate(zip(prompts, responses)):
-        tokens[i, :p + r] = rng.integers(0, vocab, p + r)
+        if i % group_size == 0:
+            prompt = rng.integers(0, vocab, p)
+        tokens[i, :p] = prompt
+        tokens[i, p:p + r] = rng.integers(0, vocab, r)
         attention[i, :p + r] = 1
         targets[i, :r] = tokens[i, p:p + r]
         index[i, :r] = p - 1 + np.arange(r)
@@ -91,6 +100,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--cap", type=int, default=192, help="response cap in tokens")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=1,
+                        help="responses per prompt (1: every row its own prompt)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                         help="compute dtype (auto: what model.dtype=auto picks on this machine)")
     parser.add_argument("--row-multiple", type=int, default=1,
@@ -98,6 +109,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.row_multiple < 1:
         parser.error(f"--row-multiple must be >= 1, got {args.row_multiple}")
+    if args.group_size < 1 or args.rows % args.group_size:
+        parser.error(f"--group-size must divide --rows ({args.rows}), got {args.group_size}")
     load_start = os.getloadavg()
     dtype = auto_compute_dtype() if args.dtype == "auto" else args.dtype
     if args.quick:
@@ -108,9 +121,10 @@ def main(argv=None) -> dict:
         name, cap = "smollm2-135m-instruct", args.cap
         model, _ = models.load(name, dtype=getattr(jnp, dtype), remat=True, tokenizer=False)
     rng = np.random.default_rng(0)
-    prompts, responses = length_mix(rng, rows=args.rows, cap=cap)
+    prompts, responses = length_mix(rng, rows=args.rows, cap=cap, group_size=args.group_size)
     width = round16(int(max(prompts + responses)))
-    rows = make_rows(model.config.vocab_size, prompts, responses, width=width)
+    rows = make_rows(model.config.vocab_size, prompts, responses, width=width,
+                     group_size=args.group_size)
 
     method = get_method("grpo")
     mesh = ht.make_mesh(ht.MeshConfig(data=1), devices=jax.devices()[:1])
@@ -152,6 +166,7 @@ def main(argv=None) -> dict:
     real = int(np.sum(prompts + responses))
     result = {
         "bench": "packing", "model": name, "method": "grpo", "rows": args.rows,
+        "group_size": args.group_size,
         "dtype": dtype,
         "mix": {"prompt_tokens": [int(prompts.min()), int(prompts.max())],
                 "response_cap": cap,
@@ -162,6 +177,7 @@ def main(argv=None) -> dict:
         "packed_shape": list(packed["packed_tokens"].shape),
         "padded_fraction": real / rows["tokens"].size,
         "packed_fraction": packed_fraction(packed),
+        "shared_tokens_saved": 1 - int(np.sum(packed["packed_segments"] > 0)) / real,
         "padded": out["padded"], "packed": out["packed"],
         "packed_time_ratio": out["packed"]["step_time_s"] / out["padded"]["step_time_s"],
         "packed_temp_ratio": out["packed"]["xla_temp_gib"] / out["padded"]["xla_temp_gib"],
@@ -177,6 +193,8 @@ def main(argv=None) -> dict:
         result.update({
             f"packed_x{k}": form, f"packed_x{k}_shape": list(wide["packed_tokens"].shape),
             f"packed_x{k}_fraction": packed_fraction(wide),
+            f"packed_x{k}_shared_tokens_saved":
+                1 - int(np.sum(wide["packed_segments"] > 0)) / real,
             f"packed_x{k}_time_ratio": form["step_time_s"] / out["padded"]["step_time_s"],
             f"packed_x{k}_temp_ratio": form["xla_temp_gib"] / out["padded"]["xla_temp_gib"],
             f"packed_x{k}_first_loss_abs_diff": abs(form["first_loss"]

@@ -103,12 +103,12 @@ def _packed_hidden(model, batch: Mapping, context: str | None, index: jax.Array)
     then each row's response states gathered from its own chunk: ``(hidden [B, T, D], index
     [B, T] = t)``. The gather is batched over the chunk axis (the batch shards), so under a
     mesh it stays on each device."""
-    tokens, positions, segments = (jnp.asarray(batch[context_key(context, k)])
-                                   for k in PACKED_KEYS)
+    tokens, positions, segments, prefixes = (jnp.asarray(batch[context_key(context, k)])
+                                             for k in PACKED_KEYS)
     c, r, length = tokens.shape
     flat = lambda x: x.reshape(c * r, length)
     hidden, _ = model(flat(tokens), flat(positions), segment_ids=flat(segments),
-                      return_hidden=True)
+                      prefix_ids=flat(prefixes), return_hidden=True)
     hidden = hidden.reshape(c, r * length, hidden.shape[-1])
     b, t = index.shape
     rows = jax.vmap(lambda h, i: jnp.take(h, i, axis=0))(hidden, index.reshape(c, b // c, t))

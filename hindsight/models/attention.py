@@ -33,17 +33,21 @@ from hindsight.models.layers import Dense, RMSNorm, apply_rope
 
 
 def causal_mask(positions: jax.Array, attention_mask: jax.Array | None,
-                segment_ids: jax.Array | None = None) -> jax.Array:
+                segment_ids: jax.Array | None = None,
+                prefix_ids: jax.Array | None = None) -> jax.Array:
     """No-cache mask `[B,S,S]`: key j visible to query i iff `positions[j] <= positions[i]` and
-    `attention_mask[j]` (if given, `[B,S]`) and, for packed rows, `segment_ids[j] ==
-    segment_ids[i] != 0` (if given, `[B,S]` int: 0 marks padding, each other value one
-    sequence of the row)."""
+    `attention_mask[j]` (if given, `[B,S]`) and, for packed rows, `segment_ids[j] != 0` (if
+    given, `[B,S]` int: 0 marks padding, each other value one piece of a sequence) is
+    `segment_ids[i]` or `prefix_ids[i]` (if given, `[B,S]` int: the segment of the shared
+    prefix the query's sequence continues, its own segment where none)."""
     mask = positions[:, None, :] <= positions[:, :, None]
     if attention_mask is not None:
         mask = mask & attention_mask.astype(bool)[:, None, :]
     if segment_ids is not None:
-        same = segment_ids[:, None, :] == segment_ids[:, :, None]
-        mask = mask & same & (segment_ids != 0)[:, None, :]
+        seen = segment_ids[:, None, :] == segment_ids[:, :, None]
+        if prefix_ids is not None:
+            seen = seen | (segment_ids[:, None, :] == prefix_ids[:, :, None])
+        mask = mask & seen & (segment_ids != 0)[:, None, :]
     return mask
 
 

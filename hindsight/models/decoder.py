@@ -131,7 +131,8 @@ class Decoder(nnx.Module):
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, *, cache: KVCache | None = None,
                  attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                 return_hidden: bool = False, mlp_reduce: MLPReduce | None = None) -> tuple:
+                 prefix_ids: jax.Array | None = None, return_hidden: bool = False,
+                 mlp_reduce: MLPReduce | None = None) -> tuple:
         """Forward pass.
 
         Args:
@@ -146,6 +147,9 @@ class Decoder(nnx.Module):
           segment_ids: optional `[B,S]` int, packed rows without a cache
             (:mod:`hindsight.packing`): several sequences share a row, each with its own
             `positions`, and a query sees only the keys of its own segment; 0 marks padding.
+          prefix_ids: optional `[B,S]` int with `segment_ids`: the segment a query also sees,
+            the copy of a prefix its sequence shares with others of the row (its own segment
+            where none): G responses to one prompt attend to one copy of it.
           return_hidden: return the final-normed hidden states `[B,S,D]` (compute dtype) instead of
             logits, for a chunked LM head with `unembedding()`.
           mlp_reduce: an :class:`MLPReduce` folded over the layers' MLP post-activations inside
@@ -156,13 +160,13 @@ class Decoder(nnx.Module):
           cache (None without one). With `mlp_reduce`, `(out, cache, carry)`: the fold's final
           carry.
         """
-        self._check_inputs(tokens, positions, cache, attention_mask, segment_ids)
+        self._check_inputs(tokens, positions, cache, attention_mask, segment_ids, prefix_ids)
         cfg = self.config
         positions = positions.astype(jnp.int32)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
         cos, sin = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         if cache is None:
-            mask = causal_mask(positions, attention_mask, segment_ids)
+            mask = causal_mask(positions, attention_mask, segment_ids, prefix_ids)
         else:
             mask = cache_mask(positions, cache.max_len, attention_mask)
 
@@ -197,7 +201,8 @@ class Decoder(nnx.Module):
         out = h if return_hidden else matmul(h, self.unembedding(), dtype=self.dtype)
         return (out, cache, *fold)
 
-    def _check_inputs(self, tokens, positions, cache, attention_mask, segment_ids) -> None:
+    def _check_inputs(self, tokens, positions, cache, attention_mask, segment_ids,
+                      prefix_ids) -> None:
         v.check_rank("tokens", tokens, rank=2)
         v.check_same_shape(("tokens", "positions"), tokens, positions)
         for name, x in (("tokens", tokens), ("positions", positions)):
@@ -211,6 +216,10 @@ class Decoder(nnx.Module):
                 raise ValueError("`segment_ids` (packed rows) are for a forward pass without a "
                                  "cache; got a cache too")
             v.check_same_shape(("tokens", "segment_ids"), tokens, segment_ids)
+        if prefix_ids is not None:
+            if segment_ids is None:
+                raise ValueError("`prefix_ids` name segments: they need `segment_ids`")
+            v.check_same_shape(("tokens", "prefix_ids"), tokens, prefix_ids)
         if attention_mask is not None:
             want = (b, s) if cache is None else (b, cache.max_len)
             if tuple(attention_mask.shape) != want:

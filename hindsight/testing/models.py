@@ -68,11 +68,11 @@ def _sampled_logprobs(model, tokens, positions, attention_mask, target_index, ta
     return token_logprobs(jnp.take_along_axis(logits, target_index[..., None], axis=1), targets)
 
 
-def _row_context(rng, prompt_len: int, response: np.ndarray, width: int, vocab: int):
+def _row_context(prompt: np.ndarray, response: np.ndarray, width: int):
     """One row of a context: ``prompt + response``, right-padded to ``width``; target indices."""
-    n, m = prompt_len, len(response)
+    n, m = len(prompt), len(response)
     tokens = np.zeros(width, np.int32)
-    tokens[:n] = rng.integers(0, vocab, n)
+    tokens[:n] = prompt
     tokens[n:n + m] = response
     attention = (np.arange(width) < n + m).astype(np.int32)
     return tokens, attention, n - 1 + np.arange(m)
@@ -86,7 +86,9 @@ def make_batch(model, *, groups: int = 2, group_size: int = 4, response_len: int
     Row 0 has an empty response (all-masked); row 2 of each group is a continuation whose loss mask
     skips its first two response tokens (suffix-only, as HDL); the rest have random lengths in
     ``[1, response_len]``. Each context in ``contexts`` gets its own random prompt (up to
-    ``max_prompt + 2`` tokens) before the same response. ``logp_old`` is the model's own log-prob
+    ``max_prompt + 2`` tokens) before the same response; as in a real batch, the rows of a group
+    share their prompt in the policy, ``teacher`` and ``probe`` contexts (question, reference),
+    while each ``hindsight`` row has its own (feedback and reflection are per response). ``logp_old`` is the model's own log-prob
     plus Gaussian noise of scale ``logp_noise`` (ratios near 1, so some tokens clip and most do
     not); rewards are 0/1 with both values in every group, advantages their GRPO advantages.
 
@@ -110,19 +112,21 @@ def make_batch(model, *, groups: int = 2, group_size: int = 4, response_len: int
         if lengths[row] > 2:
             mask[row, :2] = 0.0
 
-    def context(max_len: int) -> dict:
+    def context(max_len: int, per_group: bool) -> dict:
         width = max_len + t + 1  # one extra padding column
         out = {k: np.zeros((b, width), np.int32) for k in ("tokens", "attention_mask")}
         out["positions"] = np.broadcast_to(np.arange(width, dtype=np.int32), (b, width)).copy()
         out["target_index"] = np.zeros((b, t), np.int32)
         for i, r in enumerate(responses):
-            tok, att, idx = _row_context(rng, int(rng.integers(1, max_len + 1)), r, width, vocab)
+            if not per_group or i % group_size == 0:
+                prompt = rng.integers(0, vocab, int(rng.integers(1, max_len + 1)))
+            tok, att, idx = _row_context(prompt, r, width)
             out["tokens"][i], out["attention_mask"][i] = tok, att
             out["target_index"][i, :len(r)] = idx
         return out
 
-    policy = context(max_prompt)
-    extra = {name: context(max_prompt + 2) for name in contexts}
+    policy = context(max_prompt, True)
+    extra = {name: context(max_prompt + 2, name != "hindsight") for name in contexts}
     rewards = np.zeros(b, np.float32)
     for g in range(groups):
         r = rng.integers(0, 2, group_size)

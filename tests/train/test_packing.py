@@ -11,7 +11,7 @@ from hindsight.batch import CONTEXT_NAMES, check_batch, context_key
 from hindsight.methods import REGISTRY
 from hindsight.methods.forward import context_hidden
 from hindsight.packing import (bucket_rows, first_fit, pack_batch, pack_context, packed_fraction,
-                               packed_rows, with_packed_rows)
+                               packed_rows, shared_prefixes, with_packed_rows)
 from hindsight.testing import make_batch, tiny_model
 from tests.train.helpers import flat, max_rel_err, run_script
 from tests.train.run_layout import GROUP, configured, step_for
@@ -32,16 +32,51 @@ def batch(model):
 
 def test_first_fit_places_every_sequence_without_overlap():
     rng = np.random.default_rng(0)
-    for _ in range(50):
-        lengths = rng.integers(0, 13, rng.integers(1, 20))
-        bins, offsets, n = first_fit(lengths, 12)
-        used = np.zeros((n, 12), int)
-        for b, o, m in zip(bins, offsets, lengths):
-            used[b, o:o + m] += 1
-        assert used.max() <= 1 and used.sum() == lengths.sum()
-        assert n <= max(1, len(lengths)) and n >= -(-lengths.sum() // 12)
+    for shared in (False, True):
+        for _ in range(50):
+            lengths = rng.integers(0, 13, rng.integers(1, 20))
+            group = np.where(shared & (lengths > 2), rng.integers(-1, 3, len(lengths)), -1)
+            prefix = np.where(group >= 0, 2 + group % 2, 0)   # one prefix length per group
+            bins, offsets, copy, n = first_fit(lengths, 12, prefix=prefix, group=group)
+            used = np.zeros((n, 12), int)
+            owner = {}   # (group, bin) -> its copy's offset: one copy per group and bin
+            for i, (b, o, m) in enumerate(zip(bins, offsets, lengths)):
+                p = prefix[i] if m else 0
+                used[b, o:o + m - p] += 1
+                if group[i] >= 0 and m:
+                    assert copy[i] >= 0 and owner.setdefault((group[i], b), copy[i]) == copy[i]
+                else:
+                    assert copy[i] == -1
+            for (g, b), o in owner.items():
+                used[b, o:o + 2 + g % 2] += 1
+            assert used.max() <= 1
+            assert n <= max(1, len(lengths)) and n >= -(-used.sum() // 12)
+            # a closed bin holds more than capacity - max(lengths) tokens (the dry run's bound)
+            assert (used[:-1].sum(axis=1) > 12 - lengths.max()).all()
+            if not shared:
+                assert used.sum() == lengths.sum()
     with pytest.raises(ValueError, match="13 tokens does not fit rows of 12"):
         first_fit(np.array([13]), 12)
+
+
+def test_shared_prefixes_are_the_prompts_a_chunk_has_in_common():
+    # chunk 0: rows 0 and 2 share a prompt, row 1 trains from its third response token on (an
+    # HDL continuation: its prefix reaches into the response); chunk 1: rows 4 and 5 share the
+    # same prompt again (a prefix is shared within a chunk), row 3 has another
+    tokens = np.array([[5, 6, 7, 1, 2, 0], [5, 6, 7, 1, 2, 3], [5, 6, 7, 4, 0, 0],
+                       [5, 6, 8, 1, 0, 0], [5, 6, 7, 1, 0, 0], [5, 6, 7, 2, 0, 0]], np.int32)
+    real = tokens > 0
+    positions = np.broadcast_to(np.arange(6, dtype=np.int32), tokens.shape)
+    target = np.broadcast_to(np.arange(2, 5, dtype=np.int32), (6, 3))
+    mask = np.array([[1, 1, 0], [0, 0, 1], [1, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 0]])
+    prefix, group = shared_prefixes(tokens, positions, real, target, mask, chunks=2)
+    np.testing.assert_array_equal(group, [0, -1, 0, -1, 0, 0])
+    np.testing.assert_array_equal(prefix, [3, 0, 3, 0, 3, 3])
+    # the same prompt at other positions is another prefix
+    shifted = positions.copy()
+    shifted[2] += 1
+    prefix, group = shared_prefixes(tokens, shifted, real, target, mask, chunks=1)
+    np.testing.assert_array_equal(group, [0, -1, -1, -1, 0, 0])
 
 
 def test_bucket_rows():
@@ -61,17 +96,26 @@ def test_pack_context_keeps_every_token_and_target(batch, row_multiple):
         # the dry run's worst case
         assert r <= bucket_rows(-(-16 // chunks // row_multiple), 16 // chunks)
         per = 16 // chunks
+        shared = 0
         for i in range(16):
-            seg = p["packed_segments"][i // per] == i % per + 1
+            c = i // per
+            seg = p["packed_segments"][c] == i % per + 1
             real = batch["attention_mask"][i] > 0
-            np.testing.assert_array_equal(p["packed_tokens"][i // per][seg],
-                                          batch["tokens"][i][real])
-            np.testing.assert_array_equal(p["packed_positions"][i // per][seg],
-                                          batch["positions"][i][real])
+            # the row's own tokens, after the copy of its shared prefix in the same packed row
+            prefix = np.unique(p["packed_prefixes"][c][seg])
+            assert len(prefix) <= 1
+            head = (p["packed_segments"][c] == prefix[0]) & seg.any(axis=1)[:, None] \
+                if len(prefix) and prefix[0] != i % per + 1 else np.zeros_like(seg)
+            shared += head.sum()
+            for key in ("packed_tokens", "packed_positions"):
+                np.testing.assert_array_equal(
+                    np.concatenate([p[key][c][head], p[key][c][seg]]),
+                    batch[key.removeprefix("packed_")][i][real])
             got = p["packed_tokens"][i // per].reshape(-1)[p["target_index"][i]]
             want = batch["tokens"][i][batch["target_index"][i]]
             keep = batch["mask"][i] > 0
             np.testing.assert_array_equal(got[keep], want[keep])
+        assert shared > 0   # the groups' prompts are laid once per packed row
     with pytest.raises(ValueError, match="must be a positive divisor of the rows"):
         pack_context(*(batch[k] for k in ("tokens", "positions", "attention_mask",
                                           "target_index")), chunks=3)
@@ -84,7 +128,7 @@ def test_rows_of_twice_the_width_hold_sequences_longer_than_half_of_it():
     share rows of 2 S at k = 2 (three to a row: 0.9); the dry run's abstract shape is the worst
     case."""
     n, s = 12, 20
-    tokens = np.arange(n * s, dtype=np.int32).reshape(n, s) % 50 + 1
+    tokens = np.arange(n * s, dtype=np.int32).reshape(n, s) + 1   # no two rows share a prefix
     mask = (np.arange(s)[None, :] < 12).repeat(n, axis=0).astype(np.int32)
     positions = np.broadcast_to(np.arange(s, dtype=np.int32), (n, s))
     target = np.broadcast_to(np.arange(4, 12, dtype=np.int32), (n, 8))
@@ -146,6 +190,8 @@ def test_segments_need_a_forward_without_cache(model):
     tokens = jnp.zeros((1, 4), jnp.int32)
     with pytest.raises(ValueError, match="without a cache"):
         model(tokens, tokens, segment_ids=tokens, cache=model.init_cache(1, 8))
+    with pytest.raises(ValueError, match="`prefix_ids` name segments: they need `segment_ids`"):
+        model(tokens, tokens, prefix_ids=tokens)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
