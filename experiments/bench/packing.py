@@ -11,7 +11,10 @@ prompt), prompts of 40-90 tokens (uniform), responses capped at ``--cap`` tokens
 lengths are log-normal around ``cap / 3`` with a quarter of the rows truncated at the cap (the
 mix is reported: mean, quartiles, the padded width and the packed rows). The packed forms lay a
 group's prompt once per packed row (:func:`hindsight.packing.shared_prefixes`);
-``shared_tokens_saved`` is the fraction of the padded rows' real tokens that this removes. Both steps compile ahead
+``shared_tokens_saved`` is the fraction of the padded rows' real tokens that this removes. With
+``--group-size`` > 1 a fourth form, ``packed_distinct``, packs the same lengths with every row's
+prompt tokens its own (nothing to share): ``shared_vs_distinct_time_ratio`` is the packed step's
+time over its, the copies' effect alone. Both steps compile ahead
 of time; XLA's buffer plan gives each gradient program's temporaries
 (``memory_analysis().temp_size_in_bytes``), and timed steps alternate (padded, packed, padded,
 ...) so that both see the same machine load; the median is reported. The first step of each
@@ -125,6 +128,8 @@ def main(argv=None) -> dict:
     width = round16(int(max(prompts + responses)))
     rows = make_rows(model.config.vocab_size, prompts, responses, width=width,
                      group_size=args.group_size)
+    # the same lengths, every prompt's tokens its own: nothing to share
+    distinct = make_rows(model.config.vocab_size, prompts, responses, width=width)
 
     method = get_method("grpo")
     mesh = ht.make_mesh(ht.MeshConfig(data=1), devices=jax.devices()[:1])
@@ -133,31 +138,33 @@ def main(argv=None) -> dict:
     state, shardings, model_def = ht.create_train_state(model, tx, mesh=mesh)
     del model
     k = args.row_multiple
-    forms = {"padded": (False, 1), "packed": (True, 1)}
+    forms = {"padded": (False, 1, rows), "packed": (True, 1, rows)}
+    if args.group_size > 1:
+        forms["packed_distinct"] = (True, 1, distinct)
     if k > 1:
-        forms[f"packed_x{k}"] = (True, k)
+        forms[f"packed_x{k}"] = (True, k, rows)
     steps, out = {}, {}
-    for form, (packing, multiple) in forms.items():
+    for form, (packing, multiple, batch) in forms.items():
         steps[form] = ht.make_train_step(
             method.loss_fn, model_def=model_def, optimizer=tx, mesh=mesh, shardings=shardings,
             config=ht.StepConfig(batch_size=args.rows, packing=packing,
                                  pack_row_multiple=multiple),
             loss_kwargs={"config": method.config})
         t0 = time.perf_counter()
-        mem = steps[form].lower(state, rows).compile().memory_analysis()
-        grads, metrics = steps[form].grads(state, rows)
+        mem = steps[form].lower(state, batch).compile().memory_analysis()
+        grads, metrics = steps[form].grads(state, batch)
         out[form] = {"compile_s": round(time.perf_counter() - t0, 2),
                      "xla_temp_gib": mem.temp_size_in_bytes / GIB, "times_s": [],
                      "first_loss": float(metrics["loss"]),
                      "first_grad_norm": float(np.sqrt(sum(np.sum(np.square(g, dtype=np.float64))
                                                           for g in jax.tree.leaves(grads))))}
         del grads
-    for form in forms:   # warm-up (compiles the update program too), after both first grads
-        state, _ = steps[form](state, rows)
+    for form, (_, _, batch) in forms.items():   # warm-up (compiles the update program too)
+        state, _ = steps[form](state, batch)
     for _ in range(args.repeats):
-        for form in forms:
+        for form, (_, _, batch) in forms.items():
             t0 = time.perf_counter()
-            state, metrics = steps[form](state, rows)
+            state, metrics = steps[form](state, batch)
             jax.block_until_ready(metrics)
             out[form]["times_s"].append(round(time.perf_counter() - t0, 3))
     for r in out.values():
@@ -187,6 +194,13 @@ def main(argv=None) -> dict:
         / out["padded"]["first_grad_norm"],
         **load_and_machine(load_start),
     }
+    if args.group_size > 1:
+        form = out["packed_distinct"]
+        result.update({
+            "packed_distinct": form,
+            "packed_distinct_shape": list(pack_batch(distinct, chunks=1)["packed_tokens"].shape),
+            "packed_distinct_time_ratio": form["step_time_s"] / out["padded"]["step_time_s"],
+            "shared_vs_distinct_time_ratio": out["packed"]["step_time_s"] / form["step_time_s"]})
     if k > 1:
         wide = pack_batch(rows, chunks=1, row_multiple=k)
         form = out[f"packed_x{k}"]
