@@ -250,6 +250,14 @@ def with_packed_rows(batch: Mapping, rows: Mapping[str | None, int]) -> dict:
     return out
 
 
+def shared_tokens_saved(real_tokens: int, batch: Mapping, context: str | None = None) -> float:
+    """The fraction of ``context``'s ``real_tokens`` (its padded rows' real tokens) that the
+    packed ``batch`` does not run, each shared prefix laid once per packed row instead of once
+    per row (0.0: nothing shared)."""
+    seg = np.asarray(batch[context_key(context, "packed_segments")])
+    return 1.0 - float((seg > 0).sum()) / max(int(real_tokens), 1)
+
+
 def packed_fraction(batch: Mapping, context: str | None = None) -> float:
     """Real tokens over the packed positions of ``context`` (1.0: no padding left)."""
     seg = np.asarray(batch[context_key(context, "packed_segments")])

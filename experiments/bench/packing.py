@@ -93,7 +93,7 @@ def main(argv=None) -> dict:
     import jax.numpy as jnp
 
     from hindsight.models.precision import auto_compute_dtype
-    from hindsight.packing import pack_batch, packed_fraction
+    from hindsight.packing import pack_batch, packed_fraction, shared_tokens_saved
     from hindsight.sampling.buckets import round16
     from experiments.bench import load_and_machine
 
@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
         "packed_shape": list(packed["packed_tokens"].shape),
         "padded_fraction": real / rows["tokens"].size,
         "packed_fraction": packed_fraction(packed),
-        "shared_tokens_saved": 1 - int(np.sum(packed["packed_segments"] > 0)) / real,
+        "shared_tokens_saved": shared_tokens_saved(real, packed),
         "padded": out["padded"], "packed": out["packed"],
         "packed_time_ratio": out["packed"]["step_time_s"] / out["padded"]["step_time_s"],
         "packed_temp_ratio": out["packed"]["xla_temp_gib"] / out["padded"]["xla_temp_gib"],
@@ -207,8 +207,7 @@ def main(argv=None) -> dict:
         result.update({
             f"packed_x{k}": form, f"packed_x{k}_shape": list(wide["packed_tokens"].shape),
             f"packed_x{k}_fraction": packed_fraction(wide),
-            f"packed_x{k}_shared_tokens_saved":
-                1 - int(np.sum(wide["packed_segments"] > 0)) / real,
+            f"packed_x{k}_shared_tokens_saved": shared_tokens_saved(real, wide),
             f"packed_x{k}_time_ratio": form["step_time_s"] / out["padded"]["step_time_s"],
             f"packed_x{k}_temp_ratio": form["xla_temp_gib"] / out["padded"]["xla_temp_gib"],
             f"packed_x{k}_first_loss_abs_diff": abs(form["first_loss"]

@@ -48,7 +48,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from hindsight.objectives import objective, term_metrics
-from hindsight.packing import pack_batch, packed_fraction, packed_rows, with_packed_rows
+from hindsight.packing import (pack_batch, packed_fraction, packed_rows, shared_tokens_saved,
+                               with_packed_rows)
 from hindsight.train import multihost
 from hindsight.train.mesh import BATCH_AXES, replicated
 from hindsight.train.state import REFERENCES, ModelDef, TrainState, split_model
@@ -196,8 +197,9 @@ class TrainStep:
     batch), ``grad_norm`` (before clipping), ``nonfinite`` (1 when the loss or the gradient was not
     finite and the update was therefore not applied), ``grad_clipped`` (1 when clipping fired),
     ``learning_rate`` (the rate used for this update), with ``packing`` ``packed_fraction`` (real
-    tokens over packed positions, this process's policy context) and each of the loss's metric
-    pairs, divided once.
+    tokens over packed positions) and ``shared_tokens_saved`` (the fraction of the real tokens the
+    shared prefix copies leave out), both of this process's policy context, and each of the
+    loss's metric pairs, divided once.
     """
 
     def __init__(self, loss_fn: LossFn, *, model_def: ModelDef,
@@ -371,10 +373,13 @@ class TrainStep:
 
     def _place(self, batch) -> tuple[dict, dict]:
         """``(placed batch, host metrics)``: with ``packing``, ``packed_fraction`` (this
-        process's real policy tokens over its packed positions)."""
+        process's real policy tokens over its packed positions) and ``shared_tokens_saved``."""
         self.check_batch(batch)
         extra = {}
         if self.config.packing:
+            real = batch["attention_mask"]
+            real = None if isinstance(real, jax.ShapeDtypeStruct) else int(np.sum(
+                np.asarray(real) > 0))
             shards = int(np.prod([self.mesh.shape.get(a, 1) for a in BATCH_AXES]))
             batch = pack_batch(batch, chunks=self.config.num_microbatches
                                * max(shards // jax.process_count(), 1),
@@ -385,6 +390,7 @@ class TrainStep:
                     most = multihost.allgather(np.array(list(local.values()))).max(axis=0)
                     batch = with_packed_rows(batch, dict(zip(local, map(int, most))))
                 extra["packed_fraction"] = packed_fraction(batch)
+                extra["shared_tokens_saved"] = shared_tokens_saved(real, batch)
         return shard_batch(batch, self.mesh, num_microbatches=self.config.num_microbatches), extra
 
     def __call__(self, state: TrainState, batch) -> tuple[TrainState, dict]:
