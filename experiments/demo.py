@@ -11,7 +11,9 @@ kept in ``<out>/xla-cache``). Writes
 ``<out>/report.md`` (+ ``curves.png``, ``trajectory.png``) and ``<out>/summary.json`` with
 ``hdl_token_saving`` / ``hdl_wallclock_saving`` (fractions of GRPO's generated tokens and rollout
 seconds per group, over the steps after the first, whose rollout includes compilation),
-``grpo_reward`` / ``hdl_reward`` (train reward per step) and the held-out evaluations.
+``grpo_reward`` / ``hdl_reward`` (train reward per step) and the held-out evaluations. Both runs
+start from the same weights, seed and held-out examples, so the evaluation before the first step
+runs once, in GRPO's run (``eval.at_start`` off for HDL's), and stands for both.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ import shutil
 import time
 
 METHODS = ("grpo", "hdl")
+# the rollout keys `hindsight.train.loop.evaluate` reads (sampling, slot batch, episodes)
+EVAL_ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "slots",
+                     "chunk_steps", "verify_workers", "max_turns", "episode_tokens")
 
 
 def main(argv=None) -> dict:
@@ -45,13 +50,18 @@ def main(argv=None) -> dict:
     from hindsight.train.loop import run
 
     start = time.perf_counter()
-    workdirs = {}
+    workdirs, starts = {}, []
     for method in METHODS:
         config = importlib.import_module(f"configs.{method}").get_config("demo")
         if args.steps is not None:
             config.train.num_steps = config.train.save_every = args.steps
         if args.task is not None:
             config.task.name = args.task
+        starts.append(_start_point(config))
+        if starts[-1] == starts[0] and method != METHODS[0]:
+            # the same weights, seed, task and held-out examples as the first method's run: its
+            # evaluation before the first step is this run's too (one evaluation, not two)
+            config.eval.at_start = False
         workdirs[method] = os.path.join(args.out, method)
         if args.fresh and os.path.exists(workdirs[method]):
             shutil.rmtree(workdirs[method])
@@ -59,6 +69,9 @@ def main(argv=None) -> dict:
               f"{config.model.name} -> {workdirs[method]}", flush=True)
         run(config, workdirs[method])
     grpo, hdl = read_run(workdirs["grpo"]), read_run(workdirs["hdl"])
+    if (starts[1] == starts[0] and grpo["evals"] and grpo["evals"][0][0] == 0
+            and not (hdl["evals"] and hdl["evals"][0][0] == 0)):
+        hdl["evals"] = grpo["evals"][:1] + hdl["evals"]   # the shared start (see above)
     summary = {
         **token_economics(grpo, hdl),
         "grpo_reward": [r["reward"] for r in grpo["steps"]],
@@ -79,6 +92,17 @@ def main(argv=None) -> dict:
           f"{summary['hdl_wallclock_saving']:.3f} (steps {summary['steps_compared']})")
     print(f"[demo] report: {report}\n[demo] summary: {os.path.join(args.out, 'summary.json')}")
     return summary
+
+
+def _start_point(config) -> str:
+    """What a run's evaluation before its first step depends on (``hindsight.train.loop.evaluate``):
+    the model, the seed, the task, the evaluation settings and the rollout keys it samples with."""
+    r = config.rollout
+    return json.dumps({"model": config.model.to_dict(), "seed": config.seed,
+                       "task": config.task.to_dict(),
+                       "rollout": {k: r[k] for k in EVAL_ROLLOUT_KEYS},
+                       "eval": {k: v for k, v in config.eval.to_dict().items() if k != "at_start"}},
+                      sort_keys=True, default=str)
 
 
 def headline(summary: dict, grpo: dict, hdl: dict) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 
 
 def load_and_machine(load_start) -> dict:
@@ -14,3 +15,38 @@ def load_and_machine(load_start) -> dict:
                                 "end": [round(x, 2) for x in os.getloadavg()]},
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                         "jax_backend": jax.default_backend()}}
+
+
+def _best_seconds(f, *args, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of the jitted ``f`` (after one untimed call)."""
+    import jax
+
+    jax.block_until_ready(f(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def matmul_ceiling(jnp, rows: int, dim: int, hidden: int, dtype, *, repeats: int = 7) -> float:
+    """FLOP/s of this machine's matmul in ``dtype`` (float32 accumulation) at the shape
+    ``[rows, dim] x [dim, hidden]`` (a model's MLP): the fastest of ``repeats`` timed calls."""
+    import jax
+
+    x = jax.random.normal(jax.random.key(0), (rows, dim), dtype)
+    w = jax.random.normal(jax.random.key(1), (dim, hidden), dtype)
+    f = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
+    return 2 * rows * dim * hidden / _best_seconds(f, x, w, repeats=repeats)
+
+
+def read_bandwidth(jnp, *, nbytes: int = 1 << 28, repeats: int = 7) -> float:
+    """Bytes/s this machine reads from memory: a sum over a float32 array of ``nbytes`` (default
+    256 MiB, far past the caches), the fastest of ``repeats`` timed calls. A decode step must at
+    least read every weight once; a pass that also writes a fresh array measures the page faults of
+    its output as much as the memory (about a third of this rate on a 2-core AMD EPYC)."""
+    import jax
+
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    return nbytes / _best_seconds(jax.jit(jnp.sum), x, repeats=repeats)

@@ -5,7 +5,11 @@ wall-clock an HDL-shaped rollout saves over independent sampling.
     (stop tokens off; HF gets ``min_new_tokens = max_new_tokens``), pure sampling at temperature 1.
     tok/s = B * new / wall time of the whole call (prefill included). HF ``generate`` (fp32, its KV
     cache, 2 torch threads) and ours alternate repetition by repetition; the ratio is taken per
-    repetition, median reported.
+    repetition, median reported. Against the machine's own limit: ``roofline_fraction`` is the
+    roofline's time for the call's decode steps over ours (`decode_roofline`: the larger of the
+    bytes a step must read over the read bandwidth and its FLOPs over the matmul rate in the
+    dtype in use, both measured in the same run); ``_at_shape`` takes the matmul rate at the
+    step's own ``[B, hidden] x [hidden, intermediate]`` shape instead of a training-sized one.
 (b) HDL rollout step: P distinct prompts, each 2 roots, then per root 2 branch points (random
     positions in ``[1, len - 1 - 8]`` at least 8 apart; 4 and 3 continuations) = 16 trajectories per
     prompt, vs P x 16 independent samples. Same max length, stop tokens off (every row runs to the
@@ -17,7 +21,9 @@ wall-clock an HDL-shaped rollout saves over independent sampling.
     is reported too: there a tree is mostly sequential (roots, then continuations).
 (c) Compile time (first call minus a steady call) and peak resident memory.
 
-The last line is one JSON object with ``decode_tps_ratio_vs_hf``, ``hdl_token_saving`` and
+The last line is one JSON object with ``decode_tps_ratio_vs_hf`` (the smaller of the batches'),
+``decode_tps_ratio_vs_hf_b16`` / ``_b64``, ``roofline_fraction_b16`` / ``_b64`` (and
+``_at_shape``), ``hdl_token_saving`` and
 ``hdl_wallclock_saving`` (fractions of the independent run's tokens / wall time; the saving is
 signed, negative when the trees were slower, with ``hdl_wallclock_saving_range`` over the
 repetitions) plus every measurement and the machine (load average at start and end).
@@ -97,7 +103,40 @@ def _ours_generate(model, prompt, batch: int, new: int, seed: int) -> float:
     return time.perf_counter() - t
 
 
-def decode_throughput(model, hf, prompt, *, batch: int, new: int, reps: int) -> dict:
+def decode_roofline(model, *, batch: int, context: float, bandwidth: float, rates: dict) -> dict:
+    """The least time one decode step of ``batch`` rows can take on this machine: the larger of
+    the bytes it must read over the measured read ``bandwidth`` (every weight once, the embedding
+    only as the tied LM head reads it, plus each row's K/V at a mean ``context``) and its FLOPs
+    (2 per matmul weight per row, the LM head included, plus attention's 4 x heads x head_dim
+    per layer and context position) over a measured matmul rate. ``rates``: name -> FLOP/s, one
+    roofline per rate."""
+    import jax
+    from flax import nnx
+
+    c = model.config
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    n_params = sum(x.size for x in leaves)
+    weight_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
+    embed = c.vocab_size * c.hidden_size
+    if not c.tie_embeddings:   # an untied embedding is a lookup of `batch` rows, not a matmul
+        weight_bytes -= embed * leaves[0].dtype.itemsize
+    matmul_params = n_params - (0 if c.tie_embeddings else embed)
+    kv_itemsize = jax.tree.leaves(model.init_cache(1, 1))[0].dtype.itemsize
+    kv_bytes = batch * context * c.num_layers * 2 * c.num_kv_heads * c.head_dim * kv_itemsize
+    flops = batch * (2 * matmul_params + 4 * c.num_layers * c.num_heads * c.head_dim * context)
+    memory_s = (weight_bytes + kv_bytes) / bandwidth
+    out = dict(step_bytes=weight_bytes + kv_bytes, step_flops=flops, memory_bound_s=memory_s)
+    for name, rate in rates.items():
+        out[f"step_s_{name}"] = max(memory_s, flops / rate)
+    return out
+
+
+def decode_throughput(model, hf, prompt, *, batch: int, new: int, reps: int, bandwidth: float,
+                      dtype) -> dict:
+    import jax.numpy as jnp
+
+    from experiments.bench import matmul_ceiling
+
     t0 = time.perf_counter()
     _ours_generate(model, prompt, batch, new, 0)
     first = time.perf_counter() - t0
@@ -110,10 +149,24 @@ def decode_throughput(model, hf, prompt, *, batch: int, new: int, reps: int) -> 
     ratios = [h / o for h, o in zip(theirs, ours)]
     toks = batch * new
     _log(f"decode B={batch}: ours {ours} s, HF {theirs} s")
-    return dict(batch=batch, new_tokens=new, ours_tps=toks / statistics.median(ours),
+    c = model.config
+    # the machine's best matmul rate in the dtype in use (a training-sized MLP matmul) and the
+    # rate at this step's own shape ([batch, hidden] x [hidden, intermediate]): XLA:CPU's matmul
+    # reaches a fraction of the former with few rows
+    rates = {"best": matmul_ceiling(jnp, 2048, c.hidden_size, c.intermediate_size, dtype),
+             "at_shape": matmul_ceiling(jnp, batch, c.hidden_size, c.intermediate_size, dtype)}
+    roof = decode_roofline(model, batch=batch, context=len(prompt) + new / 2,
+                           bandwidth=bandwidth, rates=rates)
+    steady = statistics.median(ours)
+    return dict(batch=batch, new_tokens=new, ours_tps=toks / steady,
                 hf_tps=toks / statistics.median(theirs), ratio=statistics.median(ratios),
                 ratio_range=[min(ratios), max(ratios)], ours_s=ours, hf_s=theirs,
-                first_call_s=first, compile_s=first - statistics.median(ours))
+                first_call_s=first, compile_s=first - steady,
+                matmul_gflops={k: v / 1e9 for k, v in rates.items()}, roofline=roof,
+                # tokens/s over the roofline's: the roofline's time for `new` steps over ours
+                # (ours includes the one-row prefill of a 32-token prompt)
+                roofline_fraction=new * roof["step_s_best"] / steady,
+                roofline_fraction_at_shape=new * roof["step_s_at_shape"] / steady)
 
 
 def _branch_points(rng, length: int) -> list[int]:
@@ -240,10 +293,14 @@ def main(argv=None):
     batches = [16] if args.quick else [16, 64]
 
     import jax
+    import jax.numpy as jnp
+
     import hindsight.models as hm
 
     t = time.perf_counter()
-    model, tok = hm.load("smollm2-135m-instruct", **_variant_kwargs(args.variant))
+    kwargs = _variant_kwargs(args.variant)
+    dtype = kwargs.get("dtype", jnp.float32)
+    model, tok = hm.load("smollm2-135m-instruct", **kwargs)
     load_s = time.perf_counter() - t
     prompts = _prompts(tok, n_prompts, 32)
     result = dict(model="smollm2-135m-instruct", variant=args.variant, quick=args.quick, reps=reps,
@@ -251,8 +308,13 @@ def main(argv=None):
                   machine=dict(cpus=os.cpu_count(), platform=platform.platform(), jax=jax.__version__,
                                load_avg_start=os.getloadavg()))
     if not args.skip_decode:
+        from experiments.bench import read_bandwidth
+
         hf = _load_hf(hm.resolve("smollm2-135m-instruct"))
-        result["decode"] = [decode_throughput(model, hf, prompts[0], batch=b, new=new, reps=reps) for b in batches]
+        bandwidth = read_bandwidth(jnp)
+        result["read_bandwidth_gbs"] = bandwidth / 1e9
+        result["decode"] = [decode_throughput(model, hf, prompts[0], batch=b, new=new, reps=reps,
+                                              bandwidth=bandwidth, dtype=dtype) for b in batches]
         del hf
     if not args.skip_hdl:
         result["hdl"] = hdl_comparison(model, tok, prompts, new=new, slots=slots, chunk=args.chunk, reps=reps)
@@ -262,6 +324,11 @@ def main(argv=None):
     result["machine"]["load_avg_end"] = os.getloadavg()
     if "decode" in result:
         result["decode_tps_ratio_vs_hf"] = min(d["ratio"] for d in result["decode"])
+        for d in result["decode"]:
+            b = d["batch"]
+            result[f"decode_tps_ratio_vs_hf_b{b}"] = d["ratio"]
+            result[f"roofline_fraction_b{b}"] = d["roofline_fraction"]
+            result[f"roofline_fraction_at_shape_b{b}"] = d["roofline_fraction_at_shape"]
         result["compile_s"] = max(d["compile_s"] for d in result["decode"])
     if "hdl" in result:
         result["hdl_token_saving"] = result["hdl"]["token_saving"]

@@ -51,6 +51,8 @@ import subprocess
 import sys
 import time
 
+from experiments.bench import matmul_ceiling
+
 GIB = 2.0 ** 30
 IMPLS = ("dense", "chunked")
 
@@ -149,23 +151,6 @@ def run_child(cfg: dict) -> dict:
         r["mfu"] = flops / r["step_time_s"] / ceiling
     out["peak_rss_gib"] = _status_bytes("VmHWM") / GIB
     return out
-
-
-def matmul_ceiling(jnp, rows: int, dim: int, hidden: int, dtype, *, repeats: int = 7) -> float:
-    """FLOP/s of this machine's best matmul in ``dtype`` (float32 accumulation) at the step's own
-    shape, the MLP's ``[rows, dim] x [dim, hidden]``: the fastest of ``repeats`` timed calls."""
-    import jax
-
-    x = jax.random.normal(jax.random.key(0), (rows, dim), dtype)
-    w = jax.random.normal(jax.random.key(1), (dim, hidden), dtype)
-    f = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
-    jax.block_until_ready(f(x, w))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x, w))
-        best = min(best, time.perf_counter() - t0)
-    return 2 * rows * dim * hidden / best
 
 
 def run_config(cfg: dict, *, timeout: float) -> dict:

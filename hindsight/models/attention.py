@@ -110,6 +110,8 @@ def _xla(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, dtype) ->
     heads) took 34 ms through it against 16 ms here (float32: equal)."""
     b, s, h, hd = q.shape
     kv = k.shape[2]
+    if s == 1:
+        return _one_query(q, k, v, mask, dtype=dtype)
     q = q.reshape(b, s, kv, h // kv, hd).astype(dtype)
     scores = jnp.einsum("bskgd,btkd->bkgst", q, k.astype(dtype), preferred_element_type=jnp.float32)
     scores = jnp.where(mask[:, None, None, :, :], scores * (hd ** -0.5), _MASKED)
@@ -117,6 +119,21 @@ def _xla(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, dtype) ->
     out = jnp.einsum("bkgst,btkd->bskgd", probs.astype(dtype), v.astype(dtype),
                      preferred_element_type=jnp.float32)
     return out.reshape(b, s, h, hd).astype(dtype)
+
+
+def _one_query(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, dtype) -> jax.Array:
+    """:func:`_xla` for one query per row (a decode step), without the query axis in the einsums:
+    with it, XLA:CPU transposes the scores and the output around each size-1 axis (SmolLM2, 16
+    rows, 208 cache slots, 30 layers: 96 ms of attention per step against 72 ms)."""
+    b, _, h, hd = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, kv, h // kv, hd).astype(dtype)
+    scores = jnp.einsum("bkgd,btkd->bkgt", q, k.astype(dtype), preferred_element_type=jnp.float32)
+    scores = jnp.where(mask[:, :, None, :], scores * (hd ** -0.5), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgt,btkd->bkgd", probs.astype(dtype), v.astype(dtype),
+                     preferred_element_type=jnp.float32)
+    return out.reshape(b, 1, h, hd).astype(dtype)
 
 
 def _cudnn(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, dtype) -> jax.Array:

@@ -251,7 +251,9 @@ class TrainSection:
 class EvalSection:
     """Held-out reward: ``num_examples`` of the task's ``split`` split, one sample each at
     ``temperature`` (0 = greedy), before the first step and every ``every`` steps after it
-    (0: only before the first and after the last step). ``num_samples``: ``n`` samples per
+    (0: only before the first and after the last step). ``at_start``: evaluate before the first
+    step (False skips it, e.g. when another run from the same weights, seed and examples already
+    has: ``make demo`` evaluates its shared start once). ``num_samples``: ``n`` samples per
     problem at the rollout's sampling parameters for pass@k in ``python -m experiments.evaluate``
     (0: greedy pass@1 only)."""
     every: int = 0
@@ -259,10 +261,13 @@ class EvalSection:
     temperature: float = 0.0
     split: str = "test"
     num_samples: int = 0
+    at_start: bool = True
 
     def __post_init__(self):
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 0:
             raise ValueError(f"eval.every must be an int >= 0, got {self.every!r}")
+        if not isinstance(self.at_start, bool):
+            raise ValueError(f"eval.at_start must be a bool, got {self.at_start!r}")
         if self.num_examples != 0:
             _positive_int("eval.num_examples", self.num_examples)
         if self.num_samples != 0:

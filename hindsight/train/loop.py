@@ -566,7 +566,7 @@ def run(config, workdir: str, *, progress: bool = True) -> dict:
                                 keep_through=start if start > 0 else -1) if primary else None)
     with stop.installed(), (samples or contextlib.nullcontext()), \
             (pool or contextlib.nullcontext()):
-        if start == 0 and exp.eval.num_examples:
+        if start == 0 and exp.eval.num_examples and exp.eval.at_start:
             evals.append((0, evaluate(policy(), tokenizer, task, exp,
                                       key=jax.random.fold_in(root_key, EVAL_STREAM), pool=pool)))
             logger.write(0, {"eval_reward": evals[-1][1]}, advance=False)

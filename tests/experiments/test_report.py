@@ -97,3 +97,24 @@ def test_demo_headline_says_when_hdl_was_slower(tmp_path):
     text = headline(summary, g, h)
     assert f"took {-summary['hdl_wallclock_saving']:.0%} more wall-clock time" in text
     assert "less wall-clock" not in text
+
+
+def test_demo_shares_the_start_evaluation_only_between_equal_start_points():
+    """HDL's demo run skips the evaluation before its first step when GRPO's run evaluated the
+    same start: same model, seed, task, evaluation and sampling keys."""
+    import importlib
+
+    from experiments.demo import _start_point
+    grpo, hdl = (importlib.import_module(f"configs.{m}").get_config("demo") for m in ("grpo", "hdl"))
+    assert _start_point(grpo) == _start_point(hdl)
+    hdl.rollout.group_size = 8               # not read by the evaluation
+    hdl.eval.at_start = False
+    assert _start_point(grpo) == _start_point(hdl)
+    for section, key, value in (("rollout", "max_new_tokens", 64), ("eval", "num_examples", 8),
+                                ("rollout", "slots", 16)):
+        other = importlib.import_module("configs.hdl").get_config("demo")
+        other[section][key] = value
+        assert _start_point(grpo) != _start_point(other), key
+    other = importlib.import_module("configs.hdl").get_config("demo")
+    other.seed = 1
+    assert _start_point(grpo) != _start_point(other)

@@ -54,6 +54,22 @@ def test_matches_float64_reference(impl, s, monkeypatch):
     assert out.dtype == jnp.float32 and np.isfinite(np.asarray(out)).all()
 
 
+@pytest.mark.parametrize("impl", ["xla", "chunked"])
+def test_one_query_per_row_matches_float64_reference(impl):
+    """A decode step's shape (one query per row over a cache of 11 slots; its own path): a row
+    seeing a prefix with a hole, a left-padded row and a row that sees no slot."""
+    r = np.random.default_rng(1)
+    q = r.standard_normal((3, 1, 4, 8)).astype(np.float32)
+    k, v = (r.standard_normal((3, 11, 2, 8)).astype(np.float32) for _ in range(2))
+    mask = np.zeros((3, 1, 11), bool)
+    mask[0, 0, :7], mask[0, 0, 2] = True, False
+    mask[1, 0, 3:10] = True
+    out = att.ATTENTION[impl](jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask),
+                              dtype=jnp.float32)
+    assert out.shape == q.shape
+    np.testing.assert_allclose(np.asarray(out), _reference(q, k, v, mask), atol=2e-6, rtol=2e-5)
+
+
 def test_bf16_inputs_keep_float32_softmax():
     q, k, v, mask = _inputs(12)
     out = att.ATTENTION["chunked"](*(jnp.asarray(x) for x in (q, k, v, mask)), dtype=jnp.bfloat16)

@@ -17,6 +17,7 @@ from hindsight.methods import REGISTRY
 from hindsight.testing import char_model
 from hindsight.tasks import Example, Verdict, register, task_names
 from hindsight.train.experiment import ConfigError, resolve
+from hindsight.train.experiment import EvalSection
 from hindsight.train.loop import run
 from hindsight.train.state import split_model
 
@@ -209,6 +210,18 @@ def test_bad_values_fail_before_the_run_directory_is_written(tmp_path, key, valu
     with pytest.raises(ConfigError, match=match):
         run(config, str(workdir), progress=False)
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("at_start, steps", [(True, [0, 1]), (False, [1])])
+def test_eval_at_start_decides_the_evaluation_before_the_first_step(tmp_path, at_start, steps):
+    config = tiny_config("grpo", num_steps=1)
+    config.eval.update(num_examples=2, at_start=at_start)
+    out = run(config, str(tmp_path / "run"), progress=False)
+    assert [s for s, _ in out["eval_reward"]] == steps
+    evals = [r for r in _lines(tmp_path / "run" / "metrics.jsonl") if "eval_reward" in r]
+    assert [r["step"] for r in evals] == steps
+    with pytest.raises(ValueError, match="eval.at_start must be a bool"):
+        EvalSection(at_start=1)
 
 
 def test_a_finished_run_is_reported_not_overwritten(tmp_path):
