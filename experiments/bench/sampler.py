@@ -119,7 +119,7 @@ def decode_roofline(model, *, batch: int, context: float, bandwidth: float, rate
     weight_bytes = sum(x.size * x.dtype.itemsize for x in leaves)
     embed = c.vocab_size * c.hidden_size
     if not c.tie_embeddings:   # an untied embedding is a lookup of `batch` rows, not a matmul
-        weight_bytes -= embed * leaves[0].dtype.itemsize
+        weight_bytes -= embed * model.embed[...].dtype.itemsize
     matmul_params = n_params - (0 if c.tie_embeddings else embed)
     kv_itemsize = jax.tree.leaves(model.init_cache(1, 1))[0].dtype.itemsize
     kv_bytes = batch * context * c.num_layers * 2 * c.num_kv_heads * c.head_dim * kv_itemsize
