@@ -1,6 +1,8 @@
 """Shared test fixtures: float64 NumPy references live in each test file, not here."""
+import gc
 import os
 import shutil
+import sys
 
 # Most tests compile many small programs (tiny models) and run them once: with LLVM's backend
 # optimisations off, XLA compiles them about 40% faster (tests/methods/test_losses.py: 76 s
@@ -58,3 +60,19 @@ def pytest_collection_modifyitems(config, items):
     the other finishes a long test."""
     has_slow = {item.module for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module not in has_slow)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Between test modules, drop JAX's compiled programs. Why: each live XLA:CPU executable holds
+    memory maps of its own (23 for a small program, ~220 for a train step's), and a worker that
+    keeps every program of its modules alive reaches the kernel's ``vm.max_map_count`` (65,530)
+    part-way through the suite: LLVM then fails to map the next program ("Cannot allocate memory")
+    and the worker dies in a segfault (seen at 45,000 maps after tests/train/test_loop.py on one
+    worker; 757 after this). A program a later module needs again comes back from the persistent
+    cache above."""
+    if nextitem is not None and nextitem.module is item.module:
+        return
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+        gc.collect()

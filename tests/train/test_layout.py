@@ -10,6 +10,11 @@ from hindsight.methods import REGISTRY
 from tests.train.helpers import run_script
 
 TOL = 1e-5
+# The gradient's bound is per leaf (``max_rel_err``: the worst leaf's relative L2 error), and a leaf
+# whose gradient mostly cancels over the batch carries float32 reassociation noise above 1e-5 when
+# the sum is split 8 ways across devices, mini- and micro-batches (sdpo at d8-k2-m4 measured 1.27e-5
+# on one fresh run, 2e-6 for the others); a split group or a wrong count is off by O(1).
+GRAD_TOL = 5e-5
 
 
 def _check(results, *, refused=()):
@@ -23,7 +28,7 @@ def _check(results, *, refused=()):
                 continue
             assert "refused" not in r, (name, label, r)
             assert r["grad_norm"] > 0, (name, label)  # mixed rewards: a real gradient
-            assert r["loss_rel"] < TOL and r["grads_rel"] < TOL, (name, label, r)
+            assert r["loss_rel"] < TOL and r["grads_rel"] < GRAD_TOL, (name, label, r)
 
 
 @pytest.mark.slow
