@@ -154,18 +154,21 @@ def test_reference_dtype_resolves_and_a_bf16_ema_is_refused():
 
 
 def test_auto_compute_dtype_follows_the_machine(tmp_path):
-    """``model.dtype="auto"``: bf16 only on a CPU backend whose CPU has AMX; resolve() records the
-    result; the dry run (backend "accelerator") sizes float32."""
+    """``model.dtype="auto"``: bf16 only on a CPU backend whose CPU has bf16 matmul instructions
+    (AMX or AVX-512 BF16); resolve() records the result; the dry run (backend "accelerator") sizes
+    float32."""
     from hindsight.models import precision
 
-    with_amx, without = tmp_path / "amx", tmp_path / "plain"
-    with_amx.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f amx_tile amx_bf16 amx_int8\n")
-    without.write_text("processor\t: 0\nflags\t\t: fpu sse avx2\n")
-    assert precision.cpu_has_amx(str(with_amx)) and not precision.cpu_has_amx(str(without))
-    assert not precision.cpu_has_amx(str(tmp_path / "missing"))
+    flags = {"amx": "fpu sse avx512f amx_tile amx_bf16 amx_int8", "zen5": "fpu sse avx2 avx512f avx512_bf16",
+             "avx512": "fpu sse avx2 avx512f avx512_vnni", "avx2": "fpu sse avx2"}
+    for name, line in flags.items():
+        (tmp_path / name).write_text(f"processor\t: 0\nflags\t\t: {line}\n")
+    has = {name: precision.cpu_has_bf16_matmul(str(tmp_path / name)) for name in flags}
+    assert has == {"amx": True, "zen5": True, "avx512": False, "avx2": False}
+    assert not precision.cpu_has_bf16_matmul(str(tmp_path / "missing"))
     assert precision.auto_compute_dtype("gpu") == "float32"
     assert precision.auto_compute_dtype("accelerator") == "float32"
-    assert precision.auto_compute_dtype("cpu") == ("bfloat16" if precision.cpu_has_amx()
+    assert precision.auto_compute_dtype("cpu") == ("bfloat16" if precision.cpu_has_bf16_matmul()
                                                    else "float32")
     config = _config(**{"model.dtype": "auto"})
     assert resolve(config, backend="accelerator").config.model.dtype == "float32"
