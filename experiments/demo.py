@@ -25,9 +25,6 @@ import shutil
 import time
 
 METHODS = ("grpo", "hdl")
-# the rollout keys `hindsight.train.loop.evaluate` reads (sampling, slot batch, episodes)
-EVAL_ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "slots",
-                     "chunk_steps", "verify_workers", "max_turns", "episode_tokens")
 
 
 def main(argv=None) -> dict:
@@ -97,6 +94,8 @@ def main(argv=None) -> dict:
 def _start_point(config) -> str:
     """What a run's evaluation before its first step depends on (``hindsight.train.loop.evaluate``):
     the model, the seed, the task, the evaluation settings and the rollout keys it samples with."""
+    from hindsight.train.loop import EVAL_ROLLOUT_KEYS
+
     r = config.rollout
     return json.dumps({"model": config.model.to_dict(), "seed": config.seed,
                        "task": config.task.to_dict(),

@@ -244,6 +244,13 @@ def episode_pool(xp: Experiment, task):
     return env_pool(task, workers=workers, options=rollout_config_of(exp).episodes)
 
 
+# The rollout keys `evaluate` samples with (`sampling_params`, the slot batch, verification and the
+# episode options): two runs that also agree on the model, the seed, the task and ``eval.*`` evaluate
+# the same parameters alike (``experiments.demo`` shares one start evaluation on this).
+EVAL_ROLLOUT_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "slots", "chunk_steps",
+                     "verify_workers", "max_turns", "episode_tokens", "env_step_timeout", "env_reset_timeout")
+
+
 def evaluate(model, tokenizer, task, exp: ExperimentConfig, *, key, pool=None) -> float:
     """Mean reward of one sample per held-out example (``eval.*``); an episode task's
     environments in ``pool`` (None: a pool for the call). In a multi-process run each process
