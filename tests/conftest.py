@@ -68,7 +68,7 @@ def pytest_runtest_teardown(item, nextitem):
     keeps every program of its modules alive reaches the kernel's ``vm.max_map_count`` (65,530)
     part-way through the suite: LLVM then fails to map the next program ("Cannot allocate memory")
     and the worker dies in a segfault (seen at 45,000 maps after tests/train/test_loop.py on one
-    worker; 757 after this). A program a later module needs again comes back from the persistent
+    worker; with this, at most 11,315 in any worker over the whole suite). A program a later module needs again comes back from the persistent
     cache above."""
     if nextitem is not None and nextitem.module is item.module:
         return

@@ -125,7 +125,8 @@ def main(argv=None) -> dict:
                         help="decode steps between engine scheduling points, both arms "
                              "(default: RolloutConfig's)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                        help="compute dtype (auto: bf16 on a CPU with bf16 matmul instructions, as model.dtype=auto)")
+                        help="compute dtype (auto: bf16 on a CPU with bf16 matmul "
+                             "instructions, as model.dtype=auto)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=2,
                         help="timed repetitions of both arms, alternating (same prompts and keys); "

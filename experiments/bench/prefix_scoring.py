@@ -47,7 +47,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new", type=int, default=96)
     parser.add_argument("--reflection", type=int, default=12)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
-                        help="compute dtype (auto: bf16 on a CPU with bf16 matmul instructions, as model.dtype=auto)")
+                        help="compute dtype (auto: bf16 on a CPU with bf16 matmul "
+                             "instructions, as model.dtype=auto)")
     args = parser.parse_args(argv)
     prompts = args.prompts or (2 if args.quick else 4)
     reps = args.reps or (1 if args.quick else 3)

@@ -2,9 +2,9 @@
 
 bf16 operands with float32 accumulation run a matmul about 4x faster than float32 on a CPU with
 AMX (Sapphire Rapids and later: the ``amx_bf16`` flag), and a train step of SmolLM2-135M 2.1x
-faster (``experiments.bench.train_step``). A CPU with AVX-512 BF16 instructions (``avx512_bf16``:
-AMD Zen 4 / 5, Intel Cooper Lake) runs them about 2x faster (measured on a 2-core AMD EPYC Zen 5:
-936 vs 482 GFLOP/s, the demo-sized train step 1.67x, decode 1.45-1.47x). Without either a CPU has
+faster (``experiments.bench.train_step``). A CPU with AVX-512 BF16 instructions (``avx512_bf16``,
+e.g. AMD Zen 4 / 5) runs them about 2x faster (measured on a 2-core AMD EPYC Zen 5 only: 936 vs
+482 GFLOP/s, the demo-sized train step 1.67x, decode 1.45-1.47x). Without either a CPU has
 no bf16 matmul units (an AVX2-only AMD EPYC: bf16 decode 0.79x float32 at 64 rows), so ``auto``
 keeps float32 there. On GPUs and TPUs ``auto`` also means float32: set ``model.dtype`` to choose.
 """

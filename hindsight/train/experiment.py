@@ -67,7 +67,8 @@ class ModelSection:
     """``name``: a registry name (``hindsight.models.load``), an HF folder, a ``.gguf`` path, or
     ``"tiny-random"`` (a 2-layer random decoder over a 128-id character tokenizer, for tests).
     ``dtype``: compute dtype (matmul operands; accumulation is float32 either way): ``"auto"``
-    (the default) resolves to ``"bfloat16"`` on a CPU with bf16 matmul instructions (AMX, AVX-512 BF16) and ``"float32"`` elsewhere
+    (the default) resolves to ``"bfloat16"`` on a CPU with bf16 matmul instructions (AMX,
+    AVX-512 BF16) and ``"float32"`` elsewhere
     (:func:`hindsight.models.precision.auto_compute_dtype`), and ``config.json`` records the
     result. ``param_dtype``: storage dtype of the parameters (and of their
     gradients): ``"bfloat16"`` halves them, and the optimizer then keeps a float32 master copy

@@ -29,20 +29,22 @@ QWEN_VARIANTS = ["qwen0.5b-math", "qwen0.5b-humaneval"]
 
 
 ROLLOUT_TOKENS = 32
+# The rollout tests run float32 whatever `model.dtype=auto` picks on this CPU (bf16 where it has
+# bf16 matmul instructions): HDL's tree check compares the sampler's log-probs with a re-score to
+# 2e-4, and a bf16 decode and re-score round differently (~2e-2 apart).
+ROLLOUT_DTYPE = "float32"
 """The first rollouts decode this many new tokens (a command-line override, as a user's
 ``--config.rollout.max_new_tokens``; every value derived from it is resolved after it), not the
 variants' 96-128: the suite's time budget (the twelve rollouts took 13.5 min of one worker's time
 at 128 tokens, 2026-12-02; five took 143 s at 48 tokens, 2026-12-04)."""
 
 
-def _resolved(method: str, variant: str, max_new_tokens: int | None = None):
+def _resolved(method: str, variant: str, max_new_tokens: int | None = None, dtype: str | None = None):
     config = importlib.import_module(f"configs.{method}").get_config(variant)
     if max_new_tokens is not None:
-        # a rollout test: float32 whatever `model.dtype=auto` picks on this CPU (bf16 with bf16
-        # matmul instructions), as HDL's tree check compares the sampler's log-probs with a
-        # re-score to 2e-4, and bf16's decode and re-score round differently (~2e-2 apart)
         config.rollout.max_new_tokens = max_new_tokens
-        config.model.dtype = "float32"
+    if dtype is not None:
+        config.model.dtype = dtype
     xp = resolve(config)
     return xp, *preflight(xp)
 
@@ -89,7 +91,7 @@ def _rollout_cases():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    xp, _, _ = _resolved("grpo", DEFAULT_VARIANT, ROLLOUT_TOKENS)
+    xp, _, _ = _resolved("grpo", DEFAULT_VARIANT, ROLLOUT_TOKENS, ROLLOUT_DTYPE)
     return xp.config.model, load_policy(xp.config.model, make_mesh(xp.config.train.mesh))
 
 
@@ -97,7 +99,7 @@ def smollm2():
 @pytest.mark.parametrize("method, variant", _rollout_cases())
 def test_documented_smollm2_variant_runs_its_first_rollout(smollm2, method, variant):
     section, (model, tokenizer) = smollm2
-    xp, task, sampling = _resolved(method, variant, ROLLOUT_TOKENS)
+    xp, task, sampling = _resolved(method, variant, ROLLOUT_TOKENS, ROLLOUT_DTYPE)
     assert xp.config.model == section  # every SmolLM2 variant shares the loaded model
     batch, stats = rollout_step(xp, model, tokenizer, task, sampling, step=0)
     m = xp.method
