@@ -92,7 +92,9 @@ class Attention(nnx.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             cache = cache_write(cache, layer, k, v, positions)
-            k, v = cache_layer(cache, layer)
+            # the mask spans the slots the forward attends over (`Decoder(kv_window=...)`: a
+            # decode step reads only the live front of the cache, not all M slots)
+            k, v = cache_layer(cache, layer, mask.shape[-1])
         out = ATTENTION[self.impl](q, k, v, mask, dtype=self.dtype)
         return self.o_proj(out.reshape(b, s, self.num_heads * self.head_dim)), cache
 

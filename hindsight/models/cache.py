@@ -88,9 +88,10 @@ def cache_write(cache: KVCache, layer, k: jax.Array, v: jax.Array, positions: ja
     return dataclasses.replace(cache, k=k_all, v=v_all)
 
 
-def cache_layer(cache: KVCache, layer) -> tuple[jax.Array, jax.Array]:
-    """K/V of one layer: two `[B, M, KV, hd]` arrays of ``cache.dtype``."""
+def cache_layer(cache: KVCache, layer, length: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """K/V of one layer: two `[B, M, KV, hd]` arrays of ``cache.dtype``; with ``length`` (a static
+    int ``<= M``) only slots ``< length``: `[B, length, KV, hd]`."""
     def read(x):
-        x = x[layer]
+        x = x[layer] if length is None else x[layer, :, :length]
         return x if x.dtype == cache.dtype else jax.lax.bitcast_convert_type(x, cache.dtype)
     return read(cache.k), read(cache.v)

@@ -132,7 +132,7 @@ class Decoder(nnx.Module):
     def __call__(self, tokens: jax.Array, positions: jax.Array, *, cache: KVCache | None = None,
                  attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
                  prefix_ids: jax.Array | None = None, return_hidden: bool = False,
-                 mlp_reduce: MLPReduce | None = None) -> tuple:
+                 mlp_reduce: MLPReduce | None = None, kv_window: int | None = None) -> tuple:
         """Forward pass.
 
         Args:
@@ -154,13 +154,19 @@ class Decoder(nnx.Module):
             logits, for a chunked LM head with `unembedding()`.
           mlp_reduce: an :class:`MLPReduce` folded over the layers' MLP post-activations inside
             the layer loop (None: the plain forward pass, unchanged).
+          kv_window: with a cache, a static int ``W <= M``: queries attend over slots ``< W`` only
+            (the caller guarantees every position is ``< W``, so nothing visible is cut). A
+            decode step reads each layer's K/V once; over the whole cache that is most of its
+            memory traffic early in long caches (SmolLM2, 16 rows: 40 ms per step at M = 128,
+            106 ms at M = 1,024 on 2 Zen 5 cores). None: all ``M`` slots.
 
         Returns:
           `(out, cache)`: out = float32 logits `[B,S,V]` (or hidden `[B,S,D]`); cache = the updated
           cache (None without one). With `mlp_reduce`, `(out, cache, carry)`: the fold's final
           carry.
         """
-        self._check_inputs(tokens, positions, cache, attention_mask, segment_ids, prefix_ids)
+        self._check_inputs(tokens, positions, cache, attention_mask, segment_ids, prefix_ids,
+                           kv_window)
         cfg = self.config
         positions = positions.astype(jnp.int32)
         h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)
@@ -168,7 +174,9 @@ class Decoder(nnx.Module):
         if cache is None:
             mask = causal_mask(positions, attention_mask, segment_ids, prefix_ids)
         else:
-            mask = cache_mask(positions, cache.max_len, attention_mask)
+            window = cache.max_len if kv_window is None else kv_window
+            mask = cache_mask(positions, window,
+                              None if attention_mask is None else attention_mask[:, :window])
 
         def block_fn(graphdef):
             def apply(state, h, cache, layer, *fold):
@@ -202,7 +210,7 @@ class Decoder(nnx.Module):
         return (out, cache, *fold)
 
     def _check_inputs(self, tokens, positions, cache, attention_mask, segment_ids,
-                      prefix_ids) -> None:
+                      prefix_ids, kv_window) -> None:
         v.check_rank("tokens", tokens, rank=2)
         v.check_same_shape(("tokens", "positions"), tokens, positions)
         for name, x in (("tokens", tokens), ("positions", positions)):
@@ -211,6 +219,13 @@ class Decoder(nnx.Module):
         b, s = tokens.shape
         if cache is not None and cache.batch != b:
             raise ValueError(f"cache has {cache.batch} rows but `tokens` has shape {(b, s)}")
+        if kv_window is not None:
+            if cache is None:
+                raise ValueError("`kv_window` bounds the cache slots attended over: it needs a cache")
+            if isinstance(kv_window, bool) or not isinstance(kv_window, int) or not (
+                    1 <= kv_window <= cache.max_len):
+                raise ValueError(f"`kv_window` must be a static int in [1, {cache.max_len}] (the "
+                                 f"cache's length), got {kv_window!r}")
         if segment_ids is not None:
             if cache is not None:
                 raise ValueError("`segment_ids` (packed rows) are for a forward pass without a "

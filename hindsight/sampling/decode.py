@@ -69,9 +69,10 @@ class DecodeState(NamedTuple):
     stops: jax.Array
 
 
-def _advance(model, st: DecodeState, params: SamplingParams) -> DecodeState:
-    """One decode step for every row (inactive rows are recomputed but left unchanged)."""
-    logits, cache = model(st.last[:, None], st.pos[:, None], cache=st.cache)
+def _advance(model, st: DecodeState, params: SamplingParams, window: int | None) -> DecodeState:
+    """One decode step for every row (inactive rows are recomputed but left unchanged), attending
+    over the cache's first ``window`` slots (None: all)."""
+    logits, cache = model(st.last[:, None], st.pos[:, None], cache=st.cache, kv_window=window)
     nxt = st.pos + 1
     keys = jax.vmap(jax.random.fold_in)(st.keys, nxt)
     tok, lp, plp = sample_tokens(logits[:, 0], keys, params)
@@ -97,15 +98,18 @@ def _advance(model, st: DecodeState, params: SamplingParams) -> DecodeState:
         stops=st.stops)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "params", "window"),
+                   donate_argnames=("state",))
 def decode_steps(graphdef, weights, state: DecodeState, num_steps, min_active=0, *,
-                 params: SamplingParams) -> DecodeState:
+                 params: SamplingParams, window: int | None = None) -> DecodeState:
     """Run up to ``num_steps`` (traced int) decode steps; exits early once at most ``min_active``
     (traced int) rows are still active (0: once none is; a scheduler with queued work passes
     ``active - k`` to get control back as soon as k slots are free).
 
-    ``state`` is donated, so the cache is updated in place. Compiles once per
-    ``(graphdef, B, M, K, params)``.
+    ``window`` (static; None: the cache's length M): attention reads only the cache's first
+    ``window`` slots, so every row's ``pos`` must stay below it for all ``num_steps`` steps
+    (:func:`kv_window` gives one). ``state`` is donated, so the cache is updated in place.
+    Compiles once per ``(graphdef, B, M, K, params, window)``.
     """
     model = nnx.merge(graphdef, weights)
 
@@ -115,9 +119,22 @@ def decode_steps(graphdef, weights, state: DecodeState, num_steps, min_active=0,
 
     def body(carry):
         i, st = carry
-        return i + 1, _advance(model, st, params)
+        return i + 1, _advance(model, st, params, window)
 
     return jax.lax.while_loop(cond, body, (jnp.int32(0), state))[1]
+
+
+WINDOW_MIN = 128  # the smallest decode window: one compiled decode program per power of two above
+
+
+def kv_window(max_pos: int, num_steps: int, max_len: int) -> int:
+    """The decode window for a chunk of ``num_steps`` steps whose rows start at positions
+    ``<= max_pos`` in a cache of ``max_len`` slots: the smallest power of two (at least
+    :data:`WINDOW_MIN`) above every position the chunk feeds, at most ``max_len``. Powers of two
+    bound the compiled programs to ``log2(M / 128) + 1`` per slot batch and waste at most half
+    of the window's reads."""
+    need = int(max_pos) + int(num_steps)  # positions fed: <= max_pos + num_steps - 1
+    return min(int(max_len), max(WINDOW_MIN, 1 << max(need - 1, 0).bit_length()))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "cache_dtype"))

@@ -18,7 +18,8 @@ same however many of its slots are active, so idle slots are not carried through
 to hold their rows and run to completion in one chunk (one ``while_loop`` dispatch); their result
 takes over the slot batch's cache rather than copying it.
 
-Compiles: one decode chunk per (slot batch width, max_len, params), one prefill per (prompt
+Compiles: one decode chunk per (slot batch width, max_len, params, attention window: a power of
+two from 128 up to max_len, :func:`hindsight.sampling.decode.kv_window`), one prefill per (prompt
 batch bucket, prompt length bucket), one extension per (rows bucket, turn length bucket), one row
 move per (rows-moved bucket, source batch), one gather of a fresh slot batch per source batch,
 one resize per (old width, new width).
@@ -36,7 +37,8 @@ import numpy as np
 
 from hindsight.sampling import cache_rows, inputs
 from hindsight.sampling.buckets import pow2_bucket, prompt_bucket
-from hindsight.sampling.decode import DecodeState, decode_steps, extend, graph_and_weights, prefill
+from hindsight.sampling.decode import (DecodeState, decode_steps, extend, graph_and_weights,
+                                      kv_window, prefill)
 from hindsight.sampling.params import SamplingParams
 
 
@@ -413,8 +415,18 @@ class Engine:
         busy = sum(o is not None for o in self._owner)
         refill_at = max(1, width // 8) if self._refill_at is None else self._refill_at
         min_active = max(0, busy - refill_at) if (self._prompts or self._branches) else 0
-        self._state = decode_steps(self.graphdef, self.weights, self._state, jnp.int32(self.chunk_steps),
-                                   jnp.int32(min_active), params=self._trace_params)
+        # attention reads the cache's live front only: every row's position stays below the
+        # window for the whole chunk (finished and padding rows keep feeding their own `pos`).
+        # A chunk that would cross into a larger window stops at the crossing instead: its steps
+        # before it then read the smaller one (a one-chunk `generate` crosses log2(M / 128) times)
+        max_pos = int(host["pos"].max(initial=0))
+        steps, window = self.chunk_steps, kv_window(max_pos, self.chunk_steps, self.max_len)
+        front = kv_window(max_pos, 1, self.max_len)
+        if front < window:
+            steps, window = front - max_pos, front
+        self.stats["window_slots"] += window  # per chunk; / chunks = the mean window
+        self._state = decode_steps(self.graphdef, self.weights, self._state, jnp.int32(steps),
+                                   jnp.int32(min_active), params=self._trace_params, window=window)
         jax.block_until_ready(self._state.active)
         t2 = time.perf_counter()
         self.stats["chunks"] += 1

@@ -110,6 +110,33 @@ def test_bad_call_arguments_are_named(hf_models):
         model(t, t, cache=model.init_cache(3, 8))
     with pytest.raises(TypeError, match="tokens"):
         model(t.astype(jnp.float32), t)
+    with pytest.raises(ValueError, match="kv_window"):
+        model(t, t, cache=model.init_cache(2, 8), kv_window=9)
+    with pytest.raises(ValueError, match="kv_window"):
+        model(t, t, kv_window=4)
+
+
+def test_a_kv_window_attends_over_the_cache_front_as_the_whole_cache(hf_models):
+    """Rows whose positions stay below the window get the logits (and cache) of attending over
+    every slot, a slot mask included: the slots past the window are never visible to them."""
+    from flax import nnx
+
+    model = load_hf_folder(hf_models["llama"][0])
+    tokens, positions, _ = padded_batch((8, 8), 8, COMMON["vocab_size"], seed=11)
+    slot_mask = np.ones((2, MAX_LEN), np.int32)
+    slot_mask[0, 3] = 0
+
+    @nnx.jit(static_argnames="window")
+    def cached(m, t, p, c, a, window):
+        return m(t, p, cache=c, attention_mask=a, kv_window=window)
+
+    args = (model, jnp.asarray(tokens), jnp.asarray(positions), model.init_cache(2, MAX_LEN),
+            jnp.asarray(slot_mask))
+    full, full_cache = cached(*args, window=None)
+    part, part_cache = cached(*args, window=8)
+    np.testing.assert_allclose(np.asarray(part), np.asarray(full), rtol=0,
+                               atol=1e-6 * float(np.abs(full).max()))
+    np.testing.assert_array_equal(np.asarray(part_cache.k), np.asarray(full_cache.k))
 
 
 def test_bf16_cache_writes_in_place_and_reads_back_exactly():

@@ -237,3 +237,44 @@ def test_raw_logprobs_equal_a_rescore_at_temperature_one(tiny, temperature):
             np.testing.assert_array_equal(res.raw_logprobs, res.policy_logprobs)
         else:
             assert not np.allclose(res.raw_logprobs[res.mask], res.policy_logprobs[res.mask])
+
+
+def test_decode_windows_grow_with_the_rows_and_change_nothing(tiny, monkeypatch):
+    """The engine's decode chunks attend over the cache's live front only (128, then 256, then
+    all 512 slots as the rows advance) and sample what `generate` samples over the whole cache
+    (one chunk: its window is the cache)."""
+    from hindsight.sampling import engine as engine_module
+
+    windows, decode_steps = [], engine_module.decode_steps
+
+    def recorded(*args, window, **kw):
+        windows.append(window)
+        return decode_steps(*args, window=window, **kw)
+
+    monkeypatch.setattr(engine_module, "decode_steps", recorded)
+    params = SamplingParams(max_new_tokens=300, stop_tokens=())
+    keys = jax.random.split(jax.random.key(3), 2)
+    ref = generate(tiny, [PROMPTS[0]], params, num_samples=2, row_keys=keys, max_len=512)
+    # generate's one chunk ends where its rows cross into a larger window
+    assert windows == [128, 256, 512], windows
+    windows.clear()
+    engine = Engine(tiny, params, slots=2, max_len=512, chunk_steps=16)
+    engine.submit(PROMPTS[0], num_samples=2, row_keys=keys, tag="x")
+    got = engine.run()["x"]
+    assert windows[0] == 128 and set(windows) == {128, 256, 512}, windows
+    assert windows == sorted(windows)
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.raw_logprobs, ref.raw_logprobs, rtol=1e-5, atol=1e-6)
+
+
+def test_kv_window_covers_every_position_a_chunk_feeds():
+    from hindsight.sampling.decode import kv_window
+
+    assert kv_window(0, 16, 1024) == 128          # the floor
+    assert kv_window(112, 16, 1024) == 128        # feeds 112..127
+    assert kv_window(113, 16, 1024) == 256        # feeds 128
+    assert kv_window(500, 16, 384) == 384         # never past the cache
+    for pos, steps in ((0, 1), (127, 1), (200, 16), (1000, 64)):
+        w = kv_window(pos, steps, 4096)
+        assert pos + steps - 1 < w and w & (w - 1) == 0
