@@ -106,6 +106,8 @@ def _start_point(config) -> str:
 
 def headline(summary: dict, grpo: dict, hdl: dict) -> str:
     """The report's opening: a table of the figures and one sentence on what they mean."""
+    from hindsight.train.loop import TREE_PHASES
+
     def seconds(run, key):
         later = run["steps"][1:] or run["steps"]
         return sum(r[key] for r in later) / max(len(later), 1)
@@ -132,16 +134,25 @@ def headline(summary: dict, grpo: dict, hdl: dict) -> str:
         f"| seconds per step: rollout / update | {seconds(grpo, 'rollout_seconds'):.0f} / "
         f"{seconds(grpo, 'update_seconds'):.0f} | {seconds(hdl, 'rollout_seconds'):.0f} / "
         f"{seconds(hdl, 'update_seconds'):.0f} |"]
+    phases = {k: seconds(hdl, f"rollout_seconds/{k}") for k in TREE_PHASES
+              if all(f"rollout_seconds/{k}" in r for r in hdl["steps"])}
+    if phases:
+        rows.append("| HDL rollout seconds per step by phase | | " + " / ".join(
+            f"{k} {v:.1f}" for k, v in phases.items() if v > 0 or k != "fresh") + " |")
     share = wall / token if token > 0 else float("nan")
     took = (f"took {wall:.0%} less wall-clock time, {share:.2f} of the token saving" if wall >= 0
             else f"took {-wall:.0%} more wall-clock time than GRPO's")
+    extra = phases.get("scoring", 0.0) + phases.get("reflection", 0.0)
+    rollout = seconds(hdl, "rollout_seconds")
+    why = (": the saving shows up in time." if share >= 0.8 else
+           ": less than the token saving, because a tree also does work GRPO does not: it "
+           "writes a reflection per root and scores each root under its hindsight context "
+           f"(a forward pass over the root: {extra:.1f} of its {rollout:.1f} s per step here), "
+           "and its phases (roots, then reflections and scoring, then continuations) leave "
+           "slots idle unless a step has more rows than the engine has slots.")
     sentence = (f"HDL generated {token:.0%} fewer tokens than GRPO for groups of the same size "
                 f"(it reuses each root's prefix for its continuations) and its rollout {took}"
-                + (": the saving shows up in time." if share >= 0.8 else
-                   ": less than the token saving, because a tree's phases (roots, reflection, "
-                   "scoring, continuations) run one after another and leave the engine's slots "
-                   "partly idle when a step has few prompts.")
-                + f" Machine: {summary['cpus']} CPUs, load {summary['loadavg_1m']}; "
+                + why + f" Machine: {summary['cpus']} CPUs, load {summary['loadavg_1m']}; "
                   f"{summary['demo_seconds'] / 60:.1f} min in all.")
     return "\n".join(rows) + "\n\n" + sentence
 

@@ -18,8 +18,9 @@ reference after every update. The run directory holds:
 * ``metrics.jsonl`` + TensorBoard events — per step: the loss metrics (mean over the step's
   updates), ``reward``, ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``,
   ``verify_wait_seconds`` (decoding waited for verification), ``verify_worker_seconds`` (checking,
-  overlapping decode), ``update_seconds``, ``step_time``, ``tokens_per_s`` (generated tokens / step time) and, on
-  evaluation steps, ``eval_reward`` (held-out);
+  overlapping decode), ``update_seconds``, ``step_time``, ``tokens_per_s`` (generated tokens / step time),
+  for HDL trees ``reflection_tokens_per_group`` and ``rollout_seconds/<phase>`` (:data:`TREE_PHASES`)
+  and, on evaluation steps, ``eval_reward`` (held-out);
 * ``updates.jsonl`` + TensorBoard ``update/*`` — per optimizer update: ``step``, ``update``,
   ``epoch``, ``minibatch`` and the update's loss metrics (``ratio``, clip fractions, ...);
 * ``samples.jsonl`` — per step a few decoded responses (HDL: reflections, branch points and one
@@ -392,6 +393,12 @@ def _mean_records(records: list[dict]) -> dict:
     return {k: float(np.mean([r[k] for r in records])) for k in records[0]}
 
 
+# HDL's rollout phases (:class:`hindsight.rollout.runtime.PhaseClock`): decoding the roots, the
+# reflections (their turn's extension included), scoring the roots under `h`, decoding the
+# continuations and any fresh rows. Logged as ``rollout_seconds/<phase>``.
+TREE_PHASES = ("roots", "reflection", "scoring", "continuations", "fresh")
+
+
 def _rollout_metrics(stats) -> dict:
     out = {"reward": stats.reward_mean, "response_length": stats.response_length_mean,
            "generated_tokens_per_group": float(np.mean(stats.generated_tokens)),
@@ -404,8 +411,9 @@ def _rollout_metrics(stats) -> dict:
         out.update(turns_per_episode=stats.turns_per_episode,
                    env_wait_seconds=stats.seconds.get("env_wait", 0.0),
                    env_seconds=stats.seconds.get("env", 0.0))
-    if stats.reflection_tokens:
+    if stats.reflection_tokens:   # HDL trees: the rollout's seconds by phase, fixed keys
         out["reflection_tokens_per_group"] = float(np.mean(stats.reflection_tokens))
+        out.update({f"rollout_seconds/{k}": stats.seconds.get(k, 0.0) for k in TREE_PHASES})
     if stats.rollout == "dynamic":
         out.update(gen_batches=stats.gen_batches, dropped_groups=stats.dropped_groups,
                    filled_groups=stats.filled_groups)

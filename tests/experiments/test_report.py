@@ -7,7 +7,7 @@ import pytest
 from experiments.report import read_run, token_economics, write_report
 
 
-def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None):
+def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None, phases=None):
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"method": method, "model": {"name": "m"}, "task": {"name": "t"},
@@ -17,7 +17,9 @@ def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None):
         for i, (t, s) in enumerate(zip(tokens, seconds)):
             f.write(json.dumps({"step": i + 1, "loss": 0.1, "reward": 0.5, "grad_norm": 1.0,
                                 "generated_tokens_per_group": t, "rollout_seconds": s,
-                                "update_seconds": 1.0, "step_time": 2.0}) + "\n")
+                                "update_seconds": 1.0, "step_time": 2.0,
+                                **{f"rollout_seconds/{k}": v for k, v in (phases or {}).items()}})
+                    + "\n")
     with open(os.path.join(path, "samples.jsonl"), "w") as f:
         f.write(json.dumps({"step": len(tokens), "texts": ["a\nb"], "trace": trace}) + "\n")
 
@@ -97,6 +99,23 @@ def test_demo_headline_says_when_hdl_was_slower(tmp_path):
     text = headline(summary, g, h)
     assert f"took {-summary['hdl_wallclock_saving']:.0%} more wall-clock time" in text
     assert "less wall-clock" not in text
+
+
+def test_demo_headline_gives_hdls_phases_and_what_its_extra_work_cost(tmp_path):
+    """A saving below 0.8 of the token saving is explained with the seconds the tree's own work
+    (reflections, scoring) took, from the run's ``rollout_seconds/<phase>`` metrics."""
+    from experiments.demo import headline
+    phases = {"roots": 1.0, "reflection": 0.5, "scoring": 1.25, "continuations": 2.25, "fresh": 0.0}
+    _fake_run(tmp_path / "g", "grpo", [100, 200, 400], [50.0, 6.0, 8.0])
+    _fake_run(tmp_path / "h", "hdl", [90, 120, 200], [60.0, 5.0, 5.0], phases=phases)
+    g, h = read_run(str(tmp_path / "g")), read_run(str(tmp_path / "h"))
+    summary = {**token_economics(g, h), "grpo_reward": [0.5] * 3, "hdl_reward": [0.5] * 3,
+               "cpus": 2, "loadavg_1m": 1.0, "demo_seconds": 600.0}
+    assert 0 < summary["hdl_wallclock_saving"] < 0.8 * summary["hdl_token_saving"]
+    text = headline(summary, g, h)
+    assert ("| HDL rollout seconds per step by phase | | roots 1.0 / reflection 0.5 / "
+            "scoring 1.2 / continuations 2.2 |") in text   # no fresh rows: not listed
+    assert "(a forward pass over the root: 1.8 of its 5.0 s per step here)" in text
 
 
 def test_demo_shares_the_start_evaluation_only_between_equal_start_points():

@@ -82,10 +82,11 @@ def _rollout_cases():
     # * hdl on smollm2-reverse (the README's example; as hdl on smollm2-count_letters, 75 s) and
     #   the smollm2-<task> rollouts of grpo, dapo and hdl on the other tasks (all passed when run on
     #   2026-12-02, 1-2 min each for dapo/hdl);
-    # * the ``demo`` variants: the same task, model, sampling and rollout shape as their
+    # * the ``demo`` variants: the same task, model, sampling and group shape as their
     #   smollm2-count_letters rollout, which this test runs at the same width (``ROLLOUT_TOKENS``);
-    #   they differ in the reflection caps (12 vs 16) and step counts only (every method's passed
-    #   up to d835f11, grpo's and hdl's up to 82610bc; ``make demo`` runs them in full).
+    #   they differ in prompts per step and slots (4 through 8 vs 2 through 32), the reflection
+    #   caps (12 vs 16) and step counts (``make demo`` runs them in full; every method's passed
+    #   up to d835f11, grpo's and hdl's up to 82610bc).
     return [(m, DEFAULT_VARIANT) for m in ("dapo", "grpo", "hdl", "opsd_pmi")]
 
 
