@@ -174,7 +174,7 @@ def apply_variant(config: ml_collections.ConfigDict,
         # decoded in one pass while HDL's trees ran their phases one after another, so HDL's
         # rollout was the slower one (wall-clock saving -0.28 for a token saving of 0.32 on a Zen 5
         # EPYC). Here GRPO decodes no slower per token than there (224 vs 212 tok/s) and HDL's
-        # saving shows in time (Zen 5: 0.17 for a token saving of 0.29; `hdl_tokens` at this
+        # saving shows in time (Zen 5: 0.13-0.17 for a token saving of 0.29; `hdl_tokens` at this
         # shape 0.28 for 0.40), for twice the rows per update (about 7 instead of 4 minutes)
         config.rollout.update(prompts_per_step=4, max_new_tokens=96, slots=8,
                               reflection_max_tokens=12, hindsight_reflection_tokens=12)

@@ -146,8 +146,8 @@ def headline(summary: dict, grpo: dict, hdl: dict) -> str:
     rollout = seconds(hdl, "rollout_seconds")
     why = (": the saving shows up in time." if share >= 0.8 else
            ": less than the token saving, because a tree also does work GRPO does not: it "
-           "writes a reflection per root and scores each root under its hindsight context "
-           f"(a forward pass over the root: {extra:.1f} of its {rollout:.1f} s per step here), "
+           "writes a reflection per root and scores each root under its hindsight context (a "
+           f"forward pass over the root), {extra:.1f} of its {rollout:.1f} s per step here, "
            "and its phases (roots, then reflections and scoring, then continuations) leave "
            "slots idle unless a step has more rows than the engine has slots.")
     sentence = (f"HDL generated {token:.0%} fewer tokens than GRPO for groups of the same size "

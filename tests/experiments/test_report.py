@@ -115,7 +115,7 @@ def test_demo_headline_gives_hdls_phases_and_what_its_extra_work_cost(tmp_path):
     text = headline(summary, g, h)
     assert ("| HDL rollout seconds per step by phase | | roots 1.0 / reflection 0.5 / "
             "scoring 1.2 / continuations 2.2 |") in text   # no fresh rows: not listed
-    assert "(a forward pass over the root: 1.8 of its 5.0 s per step here)" in text
+    assert "(a forward pass over the root), 1.8 of its 5.0 s per step here" in text
 
 
 def test_demo_shares_the_start_evaluation_only_between_equal_start_points():
