@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from hindsight.models.decoder import Decoder, unrolled
@@ -141,21 +142,37 @@ def kv_window(max_pos: int, num_steps: int, max_len: int) -> int:
 def prefill(graphdef, weights, tokens: jax.Array, *, max_len: int, cache_dtype=None):
     """Fresh cache of ``max_len`` slots holding the K/V of right-padded prompts ``tokens [n,S]``.
 
-    Pad positions write slots a real token overwrites before they are ever read.
+    Pad positions write slots a real token overwrites before they are ever read. Attention reads
+    the window of slots holding positions ``< S`` only (:func:`kv_window`).
     """
     model = nnx.merge(graphdef, weights)
     cache = model.init_cache(tokens.shape[0], max_len, dtype=cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    return model(tokens, positions, cache=cache, return_hidden=True)[1]
+    return model(tokens, positions, cache=cache, return_hidden=True,
+                 kv_window=kv_window(tokens.shape[1] - 1, 1, max_len))[1]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
-def extend(graphdef, weights, cache, tokens: jax.Array, positions: jax.Array):
+def window_over(positions, max_len: int) -> int:
+    """The attention window for a cached forward feeding ``positions`` (host ints; entries
+    ``>= max_len`` are padding, whose writes are dropped): :func:`kv_window` above the largest
+    real one."""
+    positions = np.asarray(positions)
+    real = positions[positions < max_len]
+    return kv_window(int(real.max(initial=0)), 1, max_len)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "window"), donate_argnames=("cache",))
+def extend(graphdef, weights, cache, tokens: jax.Array, positions: jax.Array, *,
+           window: int | None = None):
     """``cache`` (donated) with the K/V of ``tokens [n,S]`` written at ``positions [n,S]``: a prefill
     that continues rows already holding a prefix. As in `prefill`, right padding writes slots that
     a real token overwrites before they are read (or positions past the cache, which are dropped).
+    ``window`` (static; None: all slots): attention reads the cache's first ``window`` slots, which
+    must hold every real position (:func:`window_over`); a turn appended early in a long cache
+    (an episode's observation) then does not attend over all of it.
     """
-    return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True)[1]
+    return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True,
+                                        kv_window=window)[1]
 
 
 def graph_and_weights(model, *, unroll: bool = False):

@@ -38,7 +38,7 @@ import numpy as np
 from hindsight.sampling import cache_rows, inputs
 from hindsight.sampling.buckets import pow2_bucket, prompt_bucket
 from hindsight.sampling.decode import (DecodeState, decode_steps, extend, graph_and_weights,
-                                      kv_window, prefill)
+                                      kv_window, prefill, window_over)
 from hindsight.sampling.params import SamplingParams
 
 
@@ -358,13 +358,16 @@ class Engine:
         bb = pow2_bucket(n)
         feed = np.zeros((bb, width), np.int32)
         positions = np.full((bb, width), self.max_len, np.int32)  # padding rows write nothing
+        feed_mask = np.zeros((bb, width), bool)  # the real tokens fed (their positions bound the window)
         for i in range(n):
             s = plen[i] - length[i]
             feed[i, :s] = seqs[i, length[i] - 1:plen[i] - 1]
+            feed_mask[i, :s] = True
             positions[i] = length[i] - 1 + np.arange(width)
         t0 = time.perf_counter()
         cache = cache_rows.take_rows(rollouts.state.cache, np.pad(src, (0, bb - n), mode="edge"), self.axes)
-        cache = extend(self.graphdef, self.weights, cache, jnp.asarray(feed), jnp.asarray(positions))
+        cache = extend(self.graphdef, self.weights, cache, jnp.asarray(feed), jnp.asarray(positions),
+                       window=window_over(np.where(feed_mask, positions, self.max_len), self.max_len))
         jax.block_until_ready(cache)
         self.stats["extends"] += 1
         self.stats["extend_tokens"] += int((plen - length).sum())

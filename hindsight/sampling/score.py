@@ -28,7 +28,7 @@ from hindsight.models.layers import matmul
 from hindsight.ops import chunked_token_logprobs
 from hindsight.sampling import cache_rows, inputs
 from hindsight.sampling.buckets import cache_len_bucket, pow2_bucket, prompt_bucket, round16
-from hindsight.sampling.decode import extend, graph_and_weights, prefill
+from hindsight.sampling.decode import extend, graph_and_weights, prefill, window_over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +72,10 @@ class CachedPrefix:
         return out
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _forward_hidden(graphdef, weights, cache, tokens, positions):
-    return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True)[0]
+@functools.partial(jax.jit, static_argnames=("graphdef", "window"))
+def _forward_hidden(graphdef, weights, cache, tokens, positions, *, window):
+    return nnx.merge(graphdef, weights)(tokens, positions, cache=cache, return_hidden=True,
+                                        kv_window=window)[0]
 
 
 # jitted so that a call per HDL tree reuses one executable: run eagerly, the chunk scan inside is
@@ -128,7 +129,8 @@ def _prefix_cache(model, graphdef, weights, ctx, prefix: CachedPrefix, lengths, 
             positions[i, :rest[c]] = start[c] + np.arange(rest[c])
         sub = cache_rows.take_rows(prefix.cache, np.pad(prefix.rows[todo], (0, rows - todo.size),
                                                         mode="edge"), axes)
-        sub = extend(graphdef, weights, sub, jnp.asarray(feed), jnp.asarray(positions))
+        sub = extend(graphdef, weights, sub, jnp.asarray(feed), jnp.asarray(positions),
+                     window=window_over(positions, m))
         cache = cache_rows.move_rows(cache, todo, sub, np.arange(todo.size), axes)
     return cache, m
 
@@ -179,7 +181,9 @@ def _prepare(model, contexts, responses, context_index, cache_dtype, min_respons
         feed[i, 1: r.size] = r[:-1]
         targets[i, : r.size] = r
         positions[i] = clen[i] - 1 + np.arange(t_b)
-    hidden = _forward_hidden(graphdef, weights, cache, jnp.asarray(feed), jnp.asarray(positions))
+    # every position of a row that holds a response (its padding too) stays below the window
+    hidden = _forward_hidden(graphdef, weights, cache, jnp.asarray(feed), jnp.asarray(positions),
+                             window=window_over(np.minimum(positions[:b], m - 1), m))
     mask = np.arange(t_b)[None, :] < np.pad(lengths, (0, bb - b))[:, None]
     return hidden, targets, mask, b, int(lengths.max())
 

@@ -278,3 +278,31 @@ def test_kv_window_covers_every_position_a_chunk_feeds():
     for pos, steps in ((0, 1), (127, 1), (200, 16), (1000, 64)):
         w = kv_window(pos, steps, 4096)
         assert pos + steps - 1 < w and w & (w - 1) == 0
+
+
+def test_extension_and_prefill_windows_leave_the_cache_as_the_whole_cache_does(tiny):
+    """A turn appended early in a long cache attends over the window holding its positions only
+    (`window_over`: padding positions at or past the cache do not count); the cache it leaves
+    equals the whole-cache pass's, and a prefill's (windowed inside) the plain forward's K/V."""
+    import jax.numpy as jnp
+
+    from hindsight.sampling.decode import extend, graph_and_weights, prefill, window_over
+
+    assert window_over(np.array([[5, 6, 512], [130, 131, 512]]), 512) == 256
+    assert window_over(np.array([[512, 512]]), 512) == 128
+    graphdef, weights = graph_and_weights(tiny, unroll=True)
+    prompts = jnp.asarray(np.array([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]], np.int32))
+    cache = prefill(graphdef, weights, prompts, max_len=512)
+    k = np.asarray(cache.k)
+    plain = tiny.init_cache(2, 512)
+    _, plain = tiny(prompts, jnp.broadcast_to(jnp.arange(6), (2, 6)), cache=plain)
+    np.testing.assert_allclose(k, np.asarray(plain.k), rtol=1e-6, atol=1e-6)
+    feed = jnp.asarray(np.array([[13, 14, 15, 16], [17, 18, 0, 0]], np.int32))
+    positions = np.array([[6, 7, 8, 9], [6, 7, 512, 512]], np.int32)   # row 1 padded
+    window = window_over(positions, 512)
+    assert window == 128
+    copy = lambda c: jax.tree.map(jnp.copy, c)
+    whole = extend(graphdef, weights, copy(cache), feed, jnp.asarray(positions))
+    part = extend(graphdef, weights, copy(cache), feed, jnp.asarray(positions), window=window)
+    np.testing.assert_allclose(np.asarray(part.k), np.asarray(whole.k), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(part.v), np.asarray(whole.v), rtol=1e-6, atol=1e-6)
