@@ -9,7 +9,9 @@ continuing the root's conversation after its last turn (the episode's outcome as
 why the episode ended; :func:`hindsight.rollout.prompts.reflection_turn`) -> each root's whole
 response (actions and observations) scored by teacher forcing under its hindsight context ``h``
 (the episode's first turn, the feedback and the reflection;
-:func:`hindsight.rollout.prompts.hindsight_context`) and against the sampler's policy log-probs
+:func:`hindsight.rollout.prompts.hindsight_context`), continuing a copy of the root's cache row
+from the first turn on (:class:`hindsight.sampling.CachedPrefix`), and against the sampler's
+policy log-probs
 -> ``s_t = |logp_h - logp_orig|`` on action tokens (observations are the environment's: never
 scored, never branched) -> branch points (:func:`hindsight.rollout.branching.choose_branch_points`
 restricted to action tokens) -> continuations (:meth:`EpisodePlayer.branch`) and fresh episodes
@@ -37,7 +39,7 @@ from hindsight.rollout.hdl import TreeInfo, TreeOptions
 from hindsight.rollout.prompts import CORRECT_FEEDBACK, hindsight_context, reflection_turn
 from hindsight.rollout.runtime import PhaseClock, fit_width, request_key
 from hindsight.rollout.verification import decode
-from hindsight.sampling import SamplingParams, score_logprobs
+from hindsight.sampling import CachedPrefix, SamplingParams, score_logprobs
 from hindsight.signals import hindsight_divergence_from_logprobs
 from hindsight.tasks import Example
 from hindsight.tasks.base import reward_range
@@ -160,21 +162,30 @@ def sample_episode_trees(model, tokenizer, task, pool: EnvPool, examples: Sequen
         logp_orig = np.stack([a[recorded.get(temp, "policy_logprobs")] for a in arrays])
         logp_hind = np.zeros_like(logp_orig)
         live = [j for j in range(n_roots) if mask[j].any()]
-        if live:
-            # The scoring shape: contexts padded to the bound every tree's h fits in (so calls
-            # share one compiled shape), responses to the bucket of the longest live root (an
-            # episode is mostly far shorter than the episode budget: padding it to the budget
-            # made scoring the dearest phase)
-            responses = [arrays[j]["tokens"][:lengths[j]] for j in live]
-            contexts = [tree["h"][j] for j in live] + (
-                [roots[j].prompt for j in live] if rescore else [])
+        for j in live:
+            # h opens with the episode's first turn, whose K/V the root's cache of its last turn
+            # holds (with every later turn): h continues a copy of that row from there
+            # (:class:`CachedPrefix`), so only its feedback and reflection are computed before the
+            # episode's tokens. Responses are padded to the bucket of the root's length (an episode
+            # is mostly far shorter than the episode budget: padding it to the budget made scoring
+            # the dearest phase); a root whose h and episode overflow its cache is scored from
+            # scratch, its context padded to the bound every tree's h fits in (one compiled shape)
+            ep = roots[j]
+            contexts = [tree["h"][j]] + ([ep.prompt] if rescore else [])
+            response = arrays[j]["tokens"][:lengths[j]]
+            prefix = None
+            if ep.source is not None:
+                res, row = ep.source
+                prefix = CachedPrefix.of(res, [row] * len(contexts))
+                if any(c.size - 1 + response.size > prefix.tokens.shape[1] for c in contexts):
+                    prefix = None
             scored = fit_width(np.asarray(score_logprobs(
-                model, contexts, responses * (2 if rescore else 1),
+                model, contexts, [response] * len(contexts),
                 min_context_len=max(h_floor, max(c.size for c in contexts)),
-                temperature=temp)), width)
-            logp_hind[live] = scored[:len(live)]
+                temperature=temp, prefix=prefix)), width)
+            logp_hind[j] = scored[0]
             if rescore:
-                logp_orig[live] = scored[len(live):]
+                logp_orig[j] = scored[1]
         tree["scores"] = np.asarray(hindsight_divergence_from_logprobs(logp_orig, logp_hind, mask))
         picks = [choose_branch_points(tree["scores"][j], int(lengths[j]), config,
                                       eligible=branch_eligibility(

@@ -3,6 +3,8 @@ on action tokens only, a continuation's history equal to its root's up to the br
 reused from the root's cache (no prefill), its environment replayed to the branch turn (its later
 observations are the environment's answers to its own actions), its logp_old equal to a
 teacher-forced re-score, the loss mask from the branch point on."""
+from unittest import mock
+
 import jax
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from hindsight.rollout.branching import TreeLayout
 from hindsight.rollout.episode_trees import sample_episode_trees
 from hindsight.rollout.hdl import TreeOptions
 from hindsight.rollout.runtime import PhaseClock
-from hindsight.sampling import SamplingParams
+from hindsight.sampling import SamplingParams, score_logprobs
 from hindsight.tasks import get_task
 
 PARAMS = SamplingParams(max_new_tokens=10, stop_tokens=(2,))
@@ -24,17 +26,46 @@ CONFIG = HDLConfig(num_roots=2, num_points=2, counts=(2, 1), tail_guard=2, min_g
 OPTIONS = TreeOptions(reflection_max_tokens=6, feedback_max_tokens=24)
 
 
+SCORING_PREFIXES = []  # per hindsight scoring call of the fixture: whether it had a CachedPrefix
+
+
 @pytest.fixture(scope="module")
 def played(model, tokenizer):
     task = get_task("textgame")
     examples = task.examples(split="train", count=2, seed=0)
     clock = PhaseClock()
+
+    def spy(*args, prefix=None, **kwargs):
+        SCORING_PREFIXES.append(prefix is not None)
+        return score_logprobs(*args, prefix=prefix, **kwargs)
+
     with EnvPool(task.env, workers=len(examples) * CONFIG.group_size, step_timeout=30.0,
-                 reset_timeout=60.0) as pool:
+                 reset_timeout=60.0) as pool, \
+            mock.patch("hindsight.rollout.episode_trees.score_logprobs", spy):
         groups, infos, episodes = sample_episode_trees(
             model, tokenizer, task, pool, examples, key=jax.random.key(3), params=PARAMS,
             config=CONFIG, options=OPTIONS, max_turns=3, episode_tokens=512, clock=clock)
     return task, examples, groups, infos, episodes, clock
+
+
+def test_hindsight_scores_from_the_roots_cache_equal_a_full_rescore(played, model):
+    """Each root's h continues the root's cached first turn (CachedPrefix): its scores equal
+    ``|logp_h - logp_orig|`` with ``logp_h`` scored from scratch (h prefilled whole) and
+    ``logp_orig`` the sampler's temperature-1 log-probs, on the root's action tokens."""
+    task, examples, groups, infos, episodes, clock = played
+    assert SCORING_PREFIXES and all(SCORING_PREFIXES)
+    checked = 0
+    for g, info, eps in zip(groups, infos, episodes):
+        for j, i in enumerate(np.nonzero(info.layout.kind == TreeLayout.ROOT)[0]):
+            row = eps[i].arrays(512, 3)
+            n = eps[i].length
+            if not row["mask"].any():
+                continue
+            full = np.asarray(score_logprobs(model, [g.hindsight[i]], [row["tokens"][:n]]))[0]
+            want = np.where(row["mask"][:n], np.abs(full - row["raw_logprobs"][:n]), 0.0)
+            np.testing.assert_allclose(info.scores[j][:n], want, atol=2e-5, rtol=1e-5)
+            checked += 1
+    assert checked >= 2
 
 
 def test_layout_and_branch_points_on_action_tokens(played):
