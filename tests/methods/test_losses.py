@@ -287,8 +287,10 @@ def test_method_loss(name, models, batch, dense):
     # Micro-batch invariance: whole-group halves add up to the full batch. The decoder's and the
     # LM head's float32 results differ in the last bits between batch sizes and block layouts;
     # a small divergence (a JSD or KL near 0) is a difference of nearly equal log-probs ~ -log V,
-    # which amplifies that noise, hence the looser bound for the full-vocabulary losses.
-    rtol = 1e-5 if name in VOCAB_LOSSES else 1e-6
+    # which amplifies that noise, hence the looser bound for the full-vocabulary losses. Since the
+    # attention's einsums run as batched matmuls over (rows, KV heads) (14cdd86), seed's distill
+    # term measured 5.3e-6 and gkd's teacher_gap metric 1.4e-5 relative between the two.
+    rtol = 3e-5 if name in VOCAB_LOSSES else 1e-5
     h_metrics = halves.metrics
     assert halves.terms.keys() == full.terms.keys()
     for key, t in full.terms.items():
@@ -299,7 +301,7 @@ def test_method_loss(name, models, batch, dense):
     # Metrics include such divergences for every method (``entropy``, ``teacher_kl``, ...).
     for key in metrics:
         np.testing.assert_allclose(np.asarray(h_metrics[key], np.float64),
-                                   np.asarray(metrics[key], np.float64), rtol=1e-5, atol=1e-6,
+                                   np.asarray(metrics[key], np.float64), rtol=3e-5, atol=1e-6,
                                    err_msg=key)
 
 

@@ -33,8 +33,10 @@ def _compare(model, mode, loss_fn=grpo_loss):
     (m1, g1, p1), (m4, g4, p4) = out[1], out[4]
     for k in m1:
         np.testing.assert_allclose(m4[k], m1[k], rtol=1e-6, atol=1e-7, err_msg=k)
-    assert max_rel_err(g4, g1) < 1e-6
-    assert max_rel_err(p4, p1) < 1e-6
+    # float32 rounding differs with the micro-batch's size in every batched matmul (the
+    # attention's included: the decoder's gradients measured 1.02e-6 apart at 14cdd86)
+    assert max_rel_err(g4, g1) < 3e-6
+    assert max_rel_err(p4, p1) < 3e-6
     return m1
 
 
