@@ -17,6 +17,22 @@ def load_and_machine(load_start) -> dict:
                         "jax_backend": jax.default_backend()}}
 
 
+class CompileClock:
+    """Seconds of tracing, lowering and XLA compilation since the process started watching
+    (``jax.monitoring``'s ``/jax/core/compile/*`` duration events): ``clock.seconds`` read before
+    and after a timed call says how much of it compiled shapes a warm-up did not reach."""
+
+    def __init__(self):
+        import jax.monitoring
+
+        self.seconds = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._record)
+
+    def _record(self, event: str, seconds: float, **_) -> None:
+        if event.startswith("/jax/core/compile/"):
+            self.seconds += seconds
+
+
 def _best_seconds(f, *args, repeats: int) -> float:
     """The fastest of ``repeats`` timed calls of the jitted ``f`` (after one untimed call)."""
     import jax

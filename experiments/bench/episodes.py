@@ -10,7 +10,8 @@ prompts compiles the shapes, then one timed rollout. Reported: ``episodes_per_mi
 slot-steps that decoded an active row), ``env_wait_fraction`` (the share of the rollout's
 wall-clock in which decoding waited for environments: every slot idle, replies pending),
 ``env_seconds`` (host time handling replies), ``turns_per_episode``, the episodes' end statuses and
-mean return, generated tokens.
+mean return, generated tokens, and ``compile_seconds`` (XLA compiles inside the timed rollout:
+turn extensions, decode chunks and prefills at shapes the warm-up did not reach).
 
 HDL vs GRPO on the same prompts, side by side in one run: the GRPO arm plays ``G`` episodes per
 prompt where ``G`` is the HDL tree's size (``--counts``: ``2 x (1 + sum(counts))`` rows; default
@@ -37,6 +38,9 @@ import os
 import platform
 import sys
 import time
+
+
+from experiments.bench import CompileClock
 
 
 def _log(*msg) -> None:
@@ -76,6 +80,7 @@ def main(argv=None) -> dict:
     from hindsight.tasks import get_task
 
     load_start = os.getloadavg()
+    compiles = CompileClock()
     shape = lambda g: RolloutShape(group_size=g, max_new_tokens=args.turn_tokens, temperature=0.7)
     hdl = get_method("hdl").configure({"counts": counts, "num_points": len(counts)},
                                       rollout=shape(None))
@@ -96,21 +101,21 @@ def main(argv=None) -> dict:
         _log(f"warm-up {name}")
         collect(method, model, tok, task, warm, key=jax.random.key(args.seed + 100),
                 sampling=params, rollout=rollout)
-    stats, walls = {}, {}
+    stats, walls, compiled = {}, {}, {}
     for name, method in methods.items():
         _log(f"timed {name}")
-        start = time.perf_counter()
+        start, before = time.perf_counter(), compiles.seconds
         _, stats[name] = collect(method, model, tok, task, examples,
                                  key=jax.random.key(args.seed), sampling=params, rollout=rollout)
-        walls[name] = time.perf_counter() - start
+        walls[name], compiled[name] = time.perf_counter() - start, compiles.seconds - before
         _log(f"{name}: {sum(stats[name].generated_tokens)} tokens, "
-             f"{stats[name].seconds['total']:.1f} s")
+             f"{stats[name].seconds['total']:.1f} s ({compiled[name]:.1f} s compiling)")
     result = {"bench": "episodes", "quick": args.quick, "model": args.model, "task": task_name,
               "prompts": p,
               "group": g, "max_turns": turns, "turn_tokens": args.turn_tokens,
               "episode_tokens": args.episode_tokens, "slots": args.slots,
-              **_arm(stats["grpo"], walls["grpo"], p * g)}
-    h = _arm(stats["hdl"], walls["hdl"], p * hdl.group_size)
+              **_arm(stats["grpo"], walls["grpo"], p * g, compiled["grpo"])}
+    h = _arm(stats["hdl"], walls["hdl"], p * hdl.group_size, compiled["hdl"])
     h.update(counts=list(counts), group=hdl.group_size,
              reflection_tokens=int(sum(stats["hdl"].reflection_tokens)),
              branch_positions=stats["hdl"].branch_positions,
@@ -130,12 +135,14 @@ def main(argv=None) -> dict:
     return result
 
 
-def _arm(stats, wall: float, episodes: int) -> dict:
+def _arm(stats, wall: float, episodes: int, compiled: float) -> dict:
     """One arm's episode figures (per-row savings divide by ``episodes``: the arms' group sizes
-    may differ when ``--group`` is given)."""
+    may differ when ``--group`` is given); ``compile_seconds``: XLA compiles inside the timed
+    rollout (shapes the warm-up on other prompts did not reach)."""
     seconds = stats.seconds
     return {
         "episodes": episodes, "rollout_seconds": round(seconds["total"], 2),
+        "compile_seconds": round(compiled, 2),
         "collect_wall_seconds": round(wall, 2),
         "episodes_per_minute": round(60.0 * episodes / seconds["total"], 2),
         "slot_occupancy": stats.engines["main"]["occupancy"],

@@ -52,30 +52,21 @@ import os
 import sys
 import time
 
-from experiments.bench import load_and_machine
+from experiments.bench import CompileClock, load_and_machine
 
 
 def _log(*msg) -> None:
     print(time.strftime("%H:%M:%S"), *msg, file=sys.stderr, flush=True)
 
 
-_COMPILE = {"seconds": 0.0}
-
-
-def _count_compile(event: str, seconds: float, **_) -> None:
-    # tracing, lowering and XLA compilation of a new shape (jax.monitoring duration events)
-    if event.startswith("/jax/core/compile/"):
-        _COMPILE["seconds"] += seconds
-
-
-def _arm(method, model, tok, task, examples, *, key, params, rollout):
+def _arm(method, model, tok, task, examples, *, key, params, rollout, compiles):
     from hindsight.rollout import collect
 
-    start, cpu, compiled = time.perf_counter(), time.process_time(), _COMPILE["seconds"]
+    start, cpu, compiled = time.perf_counter(), time.process_time(), compiles.seconds
     batch, stats = collect(method, model, tok, task, examples, key=key, sampling=params,
                            rollout=rollout)
     return (batch, stats, time.perf_counter() - start, time.process_time() - cpu,
-            _COMPILE["seconds"] - compiled)
+            compiles.seconds - compiled)
 
 
 def _tree_shape(batch, stats, config) -> dict:
@@ -139,7 +130,6 @@ def main(argv=None) -> dict:
     slots = args.slots or (4 if args.quick else 8)
 
     import jax
-    import jax.monitoring
 
     from hindsight.methods import RolloutShape, get_method
     from hindsight.models import load
@@ -148,7 +138,7 @@ def main(argv=None) -> dict:
     from hindsight.sampling import SamplingParams
     from hindsight.tasks import get_task
 
-    jax.monitoring.register_event_duration_secs_listener(_count_compile)
+    compiles = CompileClock()
     load_start = os.getloadavg()
     tree = TreeOptions(reflection_max_tokens=args.reflection)
     refl = tree.reflection_cap(max_new)
@@ -172,13 +162,14 @@ def main(argv=None) -> dict:
     for name, cfg in arms.items():
         _log(f"warm-up {name}")
         _arm(methods[name], model, tok, task, warm, key=jax.random.key(args.seed + 100),
-             params=params, rollout=cfg)
+             params=params, rollout=cfg, compiles=compiles)
     out, rollout_seconds = {}, {name: [] for name in arms}
     for rep in range(args.reps):
         for name, cfg in arms.items():
             _log(f"timed {name} ({rep + 1}/{args.reps})")
             out[name] = _arm(methods[name], model, tok, task, examples,
-                             key=jax.random.key(args.seed), params=params, rollout=cfg)
+                             key=jax.random.key(args.seed), params=params, rollout=cfg,
+                             compiles=compiles)
             rollout_seconds[name].append(out[name][1].seconds["total"])
             _log(f"{name}: {sum(out[name][1].generated_tokens)} tokens, "
                  f"{rollout_seconds[name][-1]:.1f} s rollout")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -19,6 +20,8 @@ from hindsight.objectives import group_advantages
 from hindsight.signals import select_branch_points
 
 SOURCES = ("nms", "relaxed", "fresh")
+# one compiled program per (width, gap) instead of ~30 eager ops per root (35 ms per call on CPU)
+_select = jax.jit(select_branch_points, static_argnames=("num_points", "min_gap", "tail_guard"))
 
 
 def branch_eligibility(tokens: np.ndarray, length: int, stop_tokens=(),
@@ -74,7 +77,7 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig, *,
     s = np.where(np.isfinite(s), s, 0.0)  # a NaN score must not steer the argmax
 
     def nms(gap: int) -> np.ndarray:
-        return np.asarray(select_branch_points(jnp.asarray(s[None]), jnp.asarray(mask[None]),
+        return np.asarray(_select(jnp.asarray(s[None]), jnp.asarray(mask[None]),
                                                num_points=k, min_gap=gap,
                                                tail_guard=config.tail_guard,
                                                eligible_mask=jnp.asarray(allowed[None])))[0]

@@ -170,3 +170,23 @@ def test_a_tasks_branch_mask_reaches_the_tree(model, tokenizer):
                        rollout=RolloutConfig(stop_at_eos=False, tree=TREE))
     assert stats.branch_positions == [[[-1, -1], [-1, -1]]]
     assert stats.branch_sources == [["fresh", "fresh"]]
+
+
+def test_trees_sampled_together_equal_trees_sampled_alone(model, tokenizer):
+    """A tree samples, scores and branches the same tokens whether other trees share the engine's
+    slot batch or not (its requests' keys come from its prompt's number, ``first_index``)."""
+    method = configured("hdl", temperature=0.7, tail_guard=2)
+    sampling = SamplingParams(max_new_tokens=24, temperature=0.7)
+    rollout = RolloutConfig(stop_at_eos=False, tree=dataclasses.replace(TREE, rescore_original=False))
+    exs = examples("mixed", "zero", "mixed")
+    together, t_stats = collect(method, model, tokenizer, ScriptedTask(), exs,
+                                key=jax.random.key(7), sampling=sampling, rollout=rollout)
+    for i in range(3):
+        alone, a_stats = collect(method, model, tokenizer, ScriptedTask(), exs[i:i + 1],
+                                 key=jax.random.key(7), sampling=sampling, rollout=rollout,
+                                 first_index=i)
+        rows = slice(16 * i, 16 * i + 16)
+        np.testing.assert_array_equal(together["targets"][rows], alone["targets"])
+        np.testing.assert_array_equal(together["mask"][rows], alone["mask"])
+        assert t_stats.branch_positions[i] == a_stats.branch_positions[0]
+        assert t_stats.reflection_tokens[i] == a_stats.reflection_tokens[0]
