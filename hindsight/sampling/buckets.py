@@ -9,7 +9,10 @@ Every jitted sampling function is keyed by these rounded shapes (plus the static
   (32), so that a 130-token context (an HDL hindsight context) pads to 160 rather than 192:
   prefill and teacher-forced scoring are compute-bound, and cost per padded position. Prompts are
   right-padded; the pad tokens' K/V land in slots a real token later overwrites before any query
-  reads them (the cache contract: queries read only ``slot <= position``).
+  reads them (the cache contract: queries read only ``slot <= position``). The engine's prefills
+  and turn extensions feed prompts and turns past 128 tokens in pieces of 128
+  (:func:`hindsight.sampling.decode.extend_in_chunks`), so their widths stay in the powers of two
+  up to 128 whatever the lengths.
 * cache length (``max_len``): ``prompt bucket + max new tokens`` (or a longer sequence a caller
   needs room for, e.g. a follow-up turn after a whole response) rounded up to a multiple of
   ``CACHE_LEN_MULTIPLE`` (64).

@@ -20,7 +20,9 @@ takes over the slot batch's cache rather than copying it.
 
 Compiles: one decode chunk per (slot batch width, max_len, params, attention window: a power of
 two from 128 up to max_len, :func:`hindsight.sampling.decode.kv_window`), one prefill per (prompt
-batch bucket, prompt length bucket), one extension per (rows bucket, turn length bucket), one row
+batch bucket, prompt length bucket up to 128), one extension per (rows bucket, piece width: a
+bucket up to 128, window): prompts and turns longer than 128 tokens are fed in pieces of at most
+128 (:func:`hindsight.sampling.decode.extend_in_chunks`), so no length compiles anew, one row
 move per (rows-moved bucket, source batch), one gather of a fresh slot batch per source batch,
 one resize per (old width, new width).
 """
@@ -36,9 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from hindsight.sampling import cache_rows, inputs
-from hindsight.sampling.buckets import pow2_bucket, prompt_bucket
-from hindsight.sampling.decode import (DecodeState, decode_steps, extend, graph_and_weights,
-                                      kv_window, prefill, window_over)
+from hindsight.sampling.buckets import pow2_bucket
+from hindsight.sampling.decode import (DecodeState, decode_steps, extend_in_chunks,
+                                      graph_and_weights, kv_window, prefill_in_chunks)
 from hindsight.sampling.params import SamplingParams
 
 
@@ -353,12 +355,12 @@ class Engine:
             seqs[i, length[i]:plen[i]] = s
         # the forward feeds the sequence's last token (its K/V may not be cached: a row stops
         # before feeding its last sample) and all but the suffix's last token, which the first
-        # decode step feeds, as after a prefill
-        width = min(prompt_bucket(int((plen - length).max())), self.max_len)
+        # decode step feeds, as after a prefill; in pieces of fixed widths (`extend_in_chunks`)
+        width = int((plen - length).max())
         bb = pow2_bucket(n)
         feed = np.zeros((bb, width), np.int32)
-        positions = np.full((bb, width), self.max_len, np.int32)  # padding rows write nothing
-        feed_mask = np.zeros((bb, width), bool)  # the real tokens fed (their positions bound the window)
+        positions = np.zeros((bb, width), np.int32)
+        feed_mask = np.zeros((bb, width), bool)  # the real tokens fed (padding rows: none)
         for i in range(n):
             s = plen[i] - length[i]
             feed[i, :s] = seqs[i, length[i] - 1:plen[i] - 1]
@@ -366,8 +368,8 @@ class Engine:
             positions[i] = length[i] - 1 + np.arange(width)
         t0 = time.perf_counter()
         cache = cache_rows.take_rows(rollouts.state.cache, np.pad(src, (0, bb - n), mode="edge"), self.axes)
-        cache = extend(self.graphdef, self.weights, cache, jnp.asarray(feed), jnp.asarray(positions),
-                       window=window_over(np.where(feed_mask, positions, self.max_len), self.max_len))
+        cache = extend_in_chunks(self.graphdef, self.weights, cache, feed, positions, feed_mask,
+                                 max_len=self.max_len)
         jax.block_until_ready(cache)
         self.stats["extends"] += 1
         self.stats["extend_tokens"] += int((plen - length).sum())
@@ -542,17 +544,16 @@ class Engine:
         """Prefill the prompts of every request about to get its first slot, in batches of
         power-of-two sizes that add up to their number (6 -> 4 + 2): a prefill is compute-bound, so
         padding 6 prompts to 8 rows would cost a third more; each batch is as wide as its longest
-        prompt's bucket (longest first, so that short prompts share narrow batches)."""
+        prompt's bucket (longest first, so that short prompts share narrow batches), past 128
+        tokens in pieces (:func:`hindsight.sampling.decode.prefill_in_chunks`)."""
         units = sorted(((r, i, p) for r in reqs for i, p in enumerate(r.prompts)), key=lambda u: -u[2].size)
         for r in reqs:
             r.caches, r.cache_of, r.source_rows = [], np.zeros(r.n, np.int32), np.zeros(r.n, np.int32)
         while units:
             size = 1 << (len(units).bit_length() - 1)  # the largest power of two <= len(units)
             batch, units = units[:size], units[size:]
-            width = min(prompt_bucket(batch[0][2].size), self.max_len)
-            tokens = inputs.pad_rows([p for _, _, p in batch], rows=len(batch), width=width)
-            cache = prefill(self.graphdef, self.weights, jnp.asarray(tokens), max_len=self.max_len,
-                            cache_dtype=self.cache_dtype)
+            cache = prefill_in_chunks(self.graphdef, self.weights, [p for _, _, p in batch],
+                                      max_len=self.max_len, cache_dtype=self.cache_dtype)
             self.stats["prefills"] += 1
             self.stats["prefill_tokens"] += sum(p.size for _, _, p in batch)
             for j, (r, i, _) in enumerate(batch):

@@ -128,6 +128,40 @@ def test_extension_samples_what_a_prompt_of_the_whole_conversation_samples(tiny)
         engine.submit_extend(out["beside"], [0], [[1]])
 
 
+def test_long_prompts_and_turns_are_fed_in_pieces(tiny, monkeypatch):
+    """A prompt or a follow-up turn longer than ``EXTEND_CHUNK`` is fed in pieces of that many
+    positions (programs at the piece widths only, whatever the lengths) and samples what one pass
+    over it samples."""
+    import hindsight.sampling.decode as decode
+
+    params = SamplingParams(max_new_tokens=6, stop_tokens=(3,))
+    prompt, turn = list(range(5, 45)), list(range(50, 73))
+
+    def run():
+        engine = Engine(tiny, params, slots=2, max_len=128, chunk_steps=3)
+        engine.submit(prompt, num_samples=2, key=jax.random.key(0), keep_cache=True, tag="first")
+        first = engine.run()["first"]
+        engine.submit_extend(first, [0, 1], [turn, turn[:5]],
+                             row_keys=jax.random.split(jax.random.key(1), 2), tag="turn")
+        return first, engine.run()["turn"]
+
+    whole = run()
+    widths, extend = [], decode.extend
+
+    def spy(graphdef, weights, cache, tokens, positions, **kw):
+        widths.append(tokens.shape[1])
+        return extend(graphdef, weights, cache, tokens, positions, **kw)
+
+    monkeypatch.setattr(decode, "EXTEND_CHUNK", 8)
+    monkeypatch.setattr(decode, "extend", spy)
+    pieces = run()
+    # the prompt: 16 prefilled, 24 more in 3 pieces; the turn's 24 fed tokens in 3 pieces
+    assert widths == [16] * 6
+    for got, want in zip(pieces, whole):
+        np.testing.assert_array_equal(got.tokens, want.tokens)
+        np.testing.assert_allclose(got.policy_logprobs, want.policy_logprobs, rtol=1e-5, atol=1e-5)
+
+
 def test_engine_rejects_bad_input(tiny):
     engine = Engine(tiny, PARAMS, slots=2, max_len=32)
     with pytest.raises(ValueError, match="exceeds the engine's max_len"):

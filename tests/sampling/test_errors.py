@@ -34,7 +34,7 @@ def test_errors_do_not_compile(tiny, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("compiled on bad input")
 
-    monkeypatch.setattr(engine, "prefill", boom)
+    monkeypatch.setattr(engine, "prefill_in_chunks", boom)
     monkeypatch.setattr(engine, "decode_steps", boom)
     with pytest.raises(ValueError):
         generate(tiny, [np.arange(70)], SamplingParams(max_new_tokens=8), max_len=64)
