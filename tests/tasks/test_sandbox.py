@@ -118,13 +118,16 @@ def test_descendants_die_with_the_program(audit_hook):
 def test_cpu_limit():
     result = run_python("while True:\n    pass\n", limits=QUICK)
     assert result.killed_by == "SIGXCPU" and not result.timed_out
-    assert 0.9 <= result.cpu_seconds < 1.5
+    # the reported time is the rusage's user + system time, which the kernel splits from the
+    # scheduler's CPU clock (the one RLIMIT_CPU reads) in whole ticks: it can fall short of the
+    # limit by a tenth or more (CI measured 0.88 s for the 1 s limit)
+    assert 0.75 <= result.cpu_seconds < 1.5
     assert_contained(result)
     # A program that ignores SIGXCPU meets the hard limit a second later.
     ignores = "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass\n"
     result = run_python(ignores, limits=QUICK)
     assert result.killed_by == "SIGKILL" and not result.timed_out
-    assert 1.8 <= result.cpu_seconds < 2.5
+    assert 1.6 <= result.cpu_seconds < 2.5
 
 
 def test_wall_clock_limit():
