@@ -78,9 +78,8 @@ def choose_branch_points(scores: np.ndarray, length: int, config: HDLConfig, *,
 
     def nms(gap: int) -> np.ndarray:
         return np.asarray(_select(jnp.asarray(s[None]), jnp.asarray(mask[None]),
-                                               num_points=k, min_gap=gap,
-                                               tail_guard=config.tail_guard,
-                                               eligible_mask=jnp.asarray(allowed[None])))[0]
+                                  num_points=k, min_gap=gap, tail_guard=config.tail_guard,
+                                  eligible_mask=jnp.asarray(allowed[None])))[0]
 
     points, source = nms(min_gap(length, config)), "nms"
     if (points < 0).any():

@@ -22,7 +22,7 @@ Compiles: one decode chunk per (slot batch width, max_len, params, attention win
 two from 128 up to max_len, :func:`hindsight.sampling.decode.kv_window`), one prefill per (prompt
 batch bucket, prompt length bucket up to 128), one extension per (rows bucket, piece width: a
 bucket up to 128, window): prompts and turns longer than 128 tokens are fed in pieces of at most
-128 (:func:`hindsight.sampling.decode.extend_in_chunks`), so no length compiles anew, one row
+128 (:func:`hindsight.sampling.decode.extend_in_chunks`), so no length compiles a width anew, one row
 move per (rows-moved bucket, source batch), one gather of a fresh slot batch per source batch,
 one resize per (old width, new width).
 """
