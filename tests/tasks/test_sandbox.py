@@ -133,7 +133,9 @@ def test_cpu_limit():
 def test_wall_clock_limit():
     source = "import os, time\nprint(os.getcwd(), flush=True)\ntime.sleep(60)\n"
     result = run_python(source, limits=Limits(wall_seconds=1))
-    assert result.timed_out and result.killed_by == "SIGKILL" and result.seconds < 2
+    # killed at the 1 s limit, not after the program's 60 s (the margin: the kill and the
+    # workdir's removal on a busy 2-core CI machine)
+    assert result.timed_out and result.killed_by == "SIGKILL" and result.seconds < 3
     assert not os.path.exists(result.stdout.strip())   # removed after a killed run too
     assert_contained(result)
 
