@@ -40,7 +40,6 @@ import platform
 import sys
 import time
 
-
 from experiments.bench import CompileClock
 
 
