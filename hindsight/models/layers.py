@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from hindsight.models.config import Llama3RopeScaling
+from hindsight.ops._precision import physical_transpose
 
 
 def matmul(x: jax.Array, w: jax.Array, *, dtype) -> jax.Array:
@@ -26,19 +27,6 @@ def matmul(x: jax.Array, w: jax.Array, *, dtype) -> jax.Array:
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
     return _low_precision_matmul(x, w, jnp.dtype(dtype))
-
-
-def _physical_transpose(a: jax.Array) -> jax.Array:
-    """`a [M, N] -> [N, M]` as a copy XLA cannot fold back into the dot that reads it.
-
-    Why: XLA:CPU runs a bf16 x bf16 -> f32 dot on its fast path (YNNPACK, ~4x the float32 rate on
-    AMX) only when the left operand contracts its last axis; a weight gradient `x^T @ g` contracts
-    the rows, so XLA folds the transpose into the dot, finds no bf16 kernel and converts both
-    operands to float32 (measured 210 vs 860 GFLOP/s for `[576, 5120] @ [5120, 1536]`). The flat
-    barrier keeps the transposed copy; other backends take the transpose as is."""
-    if jax.default_backend() != "cpu":
-        return a.T
-    return jax.lax.optimization_barrier(a.T.reshape(-1)).reshape(a.shape[1], a.shape[0])
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -61,7 +49,7 @@ def _low_precision_bwd(dtype, res, g):
     dx = jax.lax.dot_general(gd, wd, (((gd.ndim - 1,), (1,)), ((), ())),
                              preferred_element_type=f32)
     rows_x = xd.reshape(-1, xd.shape[-1])
-    dw = jnp.matmul(_physical_transpose(rows_x), gd.reshape(-1, gd.shape[-1]),
+    dw = jnp.matmul(physical_transpose(rows_x), gd.reshape(-1, gd.shape[-1]),
                     preferred_element_type=f32)
     return dx.astype(x_tag.dtype), dw.astype(w_tag.dtype)
 

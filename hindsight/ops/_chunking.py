@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from hindsight._validation import check_rank, check_static_float, shape_of
+from hindsight.ops._precision import as_operand
 from hindsight.ops.logprobs import masked_logits
 
 BLOCK_ELEMENTS = 2 ** 24
@@ -132,7 +133,8 @@ def temper_and_mask(z: jax.Array, vocab_mask: jax.Array | None, temperature: flo
 def project_rows(h: jax.Array, rows_t: jax.Array, vocab_mask: jax.Array | None,
                  temperature: float) -> jax.Array:
     """:func:`project` through the transposed unembedding ``rows_t [V, D]``: ``h @ rows_t.T``."""
-    return temper_and_mask(jax.lax.dot_general(h, rows_t, (((h.ndim - 1,), (1,)), ((), ())),
+    return temper_and_mask(jax.lax.dot_general(h, as_operand(rows_t, h),
+                                               (((h.ndim - 1,), (1,)), ((), ())),
                                                preferred_element_type=jnp.float32),
                            vocab_mask, temperature)
 
@@ -140,7 +142,8 @@ def project_rows(h: jax.Array, rows_t: jax.Array, vocab_mask: jax.Array | None,
 def project(h: jax.Array, w: jax.Array, vocab_mask: jax.Array | None, temperature: float) -> jax.Array:
     """Float32 logits ``[C, V]`` of ``h [C, D] @ w [D, V]``, tempered then vocab-masked.
 
+    ``w`` is rounded to ``h``'s 16-bit dtype if it has one (:mod:`hindsight.ops._precision`);
     ``preferred_element_type`` makes bf16 operands accumulate in float32 inside the matmul.
     """
-    return temper_and_mask(jnp.matmul(h, w, preferred_element_type=jnp.float32), vocab_mask,
-                           temperature)
+    return temper_and_mask(jnp.matmul(h, as_operand(w, h), preferred_element_type=jnp.float32),
+                           vocab_mask, temperature)

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from hindsight._validation import shape_of
 from hindsight.ops._chunking import project, project_rows, shifted_block, temper_and_mask
+from hindsight.ops._precision import as_operand
 
 PROJECTION_TILE = 2048
 """Vocabulary columns per product of :func:`lm_head_sum`'s tiled projection
@@ -53,8 +54,9 @@ def _operand(w, rows: bool):
 
 
 def _project_raw(h, u, rows: bool):
-    """Float32 ``h [C, D] @ W`` from the loop operand ``u`` of ``W`` (:func:`_operand`)."""
-    return jax.lax.dot_general(h, u, (((h.ndim - 1,), (1 if rows else 0,)), ((), ())),
+    """Float32 ``h [C, D] @ W`` from the loop operand ``u`` of ``W`` (:func:`_operand`), in
+    ``h``'s 16-bit dtype if it has one (:mod:`hindsight.ops._precision`)."""
+    return jax.lax.dot_general(h, as_operand(u, h), (((h.ndim - 1,), (1 if rows else 0,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
 

@@ -66,6 +66,7 @@ from hindsight._validation import check_choice, shape_of
 from hindsight.ops._chunking import (check_extra, check_projection, check_temperature,
                                      check_vocab_mask, chunk_rows, from_chunks, put_rows,
                                      shifted_block, temper_and_mask, to_chunks)
+from hindsight.ops._precision import as_operand, physical_transpose, product_dtype
 from hindsight.ops._projection import (_is_transpose, _logits, _operand, _project_raw,
                                        _project_sides, _project_tiled)
 
@@ -601,24 +602,38 @@ def _tile_pass(dz, w, rows: bool, h, acc, *, want_h: bool):
     :func:`_operand`): returns ``(dz @ W^T [C, D] float32 if want_h else None, acc + the block's
     unembedding gradient if acc is not None)``, ``acc`` the float32 accumulator shaped like ``w``,
     updated in place one :data:`VOCAB_TILE` slab at a time (the last slab is shifted back to end at
-    ``V``; its entries that the slab before already covered are zeroed)."""
+    ``V``; its entries that the slab before already covered are zeroed).
+
+    With 16-bit hidden states ``h`` the products run in their dtype (:mod:`hindsight.ops._precision`)
+    as ``models.layers.matmul``'s backward pass does: each tile of ``dz`` is rounded to it, as the
+    cotangent of a product that returned that dtype would be, the unembedding slab too, and the
+    weight gradient's left operand is transposed in memory first (XLA:CPU's fast 16-bit dot)."""
     axis = 0 if rows else 1
     vocab = shape_of(w)[axis]
     tile = min(VOCAB_TILE, vocab)
     f32 = jnp.float32
+    low = product_dtype(h)
+    h_t = physical_transpose(h) if low is not None and not rows and acc is not None else None
 
     def step(j, carry):
         gh, acc = carry
         start, fresh = shifted_block(j, tile, vocab)
         dz_t = jnp.where(fresh, jax.lax.dynamic_slice_in_dim(dz, start, tile, axis=1), 0.0)
+        if low is not None:
+            dz_t = dz_t.astype(low)
         if gh is not None:
-            w_t = jax.lax.dynamic_slice_in_dim(w, start, tile, axis=axis)
+            w_t = as_operand(jax.lax.dynamic_slice_in_dim(w, start, tile, axis=axis), h)
             gh = gh + jax.lax.dot_general(dz_t, w_t, (((1,), (axis,)), ((), ())),
                                           preferred_element_type=f32)
         if acc is not None:
-            g_t = (jax.lax.dot_general(dz_t, h, (((0,), (0,)), ((), ())), preferred_element_type=f32)
-                   if rows else
-                   jax.lax.dot_general(h, dz_t, (((0,), (0,)), ((), ())), preferred_element_type=f32))
+            if low is None:
+                g_t = (jax.lax.dot_general(dz_t, h, (((0,), (0,)), ((), ())),
+                                           preferred_element_type=f32) if rows else
+                       jax.lax.dot_general(h, dz_t, (((0,), (0,)), ((), ())),
+                                           preferred_element_type=f32))
+            else:   # [tile, C] @ [C, D] or [D, C] @ [C, tile]: left operands contract their last axis
+                g_t = (jnp.matmul(physical_transpose(dz_t), h, preferred_element_type=f32) if rows
+                       else jnp.matmul(h_t, dz_t, preferred_element_type=f32))
             upd = jax.lax.dynamic_slice_in_dim(acc, start, tile, axis=axis) + g_t
             acc = jax.lax.dynamic_update_slice_in_dim(acc, upd, start, axis=axis)
         return gh, acc
