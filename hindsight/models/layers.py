@@ -78,9 +78,10 @@ def _scaled(normed, scale, dtype):
     The backward pass forms the scale's gradient as one contraction over the rows in float32
     (the same products autodiff takes). Autodiff transposed the broadcast of ``scale`` into a sum
     over the leading axes in ``dtype``, which XLA:CPU ran as a float32 reduce-window of 32 x 32
-    blocks inside the layer loop (SmolLM2's GRPO step, bf16, Zen 5: ~0.5 of 10.9 s for the two
-    norms of 30 layers; 10.44 vs 10.89 s a step with this) and rounded to bf16 in bf16 compute;
-    here it stays float32 until it is cast to the parameter's dtype."""
+    blocks inside the layer loop (SmolLM2's GRPO step, bf16, Zen 5: ~0.5 of 10.9 s in a profile
+    for the two norms of 30 layers; 10.44-10.72 vs 10.89-10.90 s a step in two A/Bs; float32 the
+    same within the spread) and rounded to bf16 in bf16 compute; here it stays float32 until it
+    is cast to the parameter's dtype."""
     return _scaled_fwd(normed, scale, dtype)[0]
 
 
