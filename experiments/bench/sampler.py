@@ -13,7 +13,8 @@ wall-clock an HDL-shaped rollout saves over independent sampling.
 (b) HDL rollout step: P distinct prompts, each 2 roots, then per root 2 branch points (random
     positions in ``[1, len - 1 - 8]`` at least 8 apart; 4 and 3 continuations) = 16 trajectories per
     prompt, vs P x 16 independent samples. Same max length, stop tokens off (every row runs to the
-    max length, so token counts are exact and identical across runs). Both run on the continuous
+    max length, so token counts are exact; each repetition draws its own branch points, so its
+    token count is its own and its wall-clock saving is set against it). Both run on the continuous
     batching `Engine` with the same slot count: roots are submitted up front; when a prompt's roots
     finish, its continuations are queued ahead of the remaining roots and share the slot batch with
     them. Wall time = roots + continuations; the hindsight scoring pass (the 2 roots re-scored under
@@ -24,9 +25,11 @@ wall-clock an HDL-shaped rollout saves over independent sampling.
 The last line is one JSON object with ``decode_tps_ratio_vs_hf`` (the smaller of the batches'),
 ``decode_tps_ratio_vs_hf_b16`` / ``_b64``, ``roofline_fraction_b16`` / ``_b64`` (and
 ``_at_shape``), ``hdl_token_saving`` and
-``hdl_wallclock_saving`` (fractions of the independent run's tokens / wall time; the saving is
-signed, negative when the trees were slower, with ``hdl_wallclock_saving_range`` over the
-repetitions) plus every measurement and the machine (load average at start and end).
+``hdl_wallclock_saving`` (fractions of the independent run's tokens / wall time, medians over the
+repetitions; the saving is signed, negative when the trees were slower, with
+``hdl_wallclock_saving_range`` over the repetitions), ``hdl_saving_efficiency`` (the median over
+repetitions of each one's wall-clock saving over its own token saving: each repetition draws its
+own branch points) plus every measurement and the machine (load average at start and end).
 """
 from __future__ import annotations
 
@@ -240,36 +243,74 @@ def scoring_pass(model, tok, prompts, roots) -> float:
     return times[-1]
 
 
+def _warm_widths(model, params, prompt, *, slots: int, max_len: int, chunk: int) -> None:
+    """Compile the decode chunk at every slot batch width an engine of ``slots`` can resize to
+    (its default ``min_slots`` up to ``slots``): one short request per width."""
+    import jax
+    from hindsight.sampling.engine import Engine
+
+    width = slots
+    while width >= max(1, slots // 8):
+        engine = Engine(model, params, slots=width, min_slots=width, max_len=max_len, chunk_steps=chunk)
+        engine.submit(prompt, num_samples=width, key=jax.random.key(0), max_new_tokens=2)
+        engine.run()
+        width //= 2
+
+
 def hdl_comparison(model, tok, prompts, *, new: int, slots: int, chunk: int, reps: int) -> dict:
+    """Independent samples and HDL trees, alternating, ``reps`` timed repetitions each after one
+    untimed full-size warm-up of both (seed 99). Repetition r draws its own branch points (seed r),
+    so each repetition's token saving is its own and its efficiency (wall-clock saving over token
+    saving) pairs the two; ``compile_s`` per rollout is the compile time inside it (shapes the
+    warm-up did not reach), which the wall-clock includes."""
+    from experiments.bench import CompileClock
     from hindsight.sampling import SamplingParams
     from hindsight.sampling.buckets import cache_len_bucket
 
+    clock = CompileClock()
     params = SamplingParams(max_new_tokens=new)
     max_len = cache_len_bucket(max(len(p) for p in prompts), new)
     kw = dict(slots=slots, max_len=max_len, chunk=chunk)
-    # warm-up with the same prompts and slots but short rows compiles the decode chunk, the prefills
-    # and the row moves of every shape the timed runs use (max new tokens is a traced value)
-    short = min(new, 2 * TAIL_GUARD + 4)
-    hdl_rollout(model, params, prompts, seed=99, new=short, **kw)
-    independent_rollout(model, params, prompts, seed=99, new=short, **kw)
+    # a full-size warm-up compiles the decode chunks, prefills, row moves and resizes that rollouts
+    # of this shape reach, and a decode chunk at each slot batch width the engine can shrink to
+    # (a tree's last rows decode at whichever width holds them; other branch points can still
+    # reach another row-move bucket: compile_s)
+    hdl_rollout(model, params, prompts, seed=99, **kw)
+    independent_rollout(model, params, prompts, seed=99, **kw)
+    _warm_widths(model, params, prompts[0], slots=slots, max_len=max_len, chunk=chunk)
+
+    def timed(fn, seed):
+        before = clock.seconds
+        out = fn(model, params, prompts, seed=seed, **kw)
+        out["compile_s"] = clock.seconds - before
+        return out
+
     hdl, ind, score = [], [], []
     for r in range(reps):
-        ind.append(independent_rollout(model, params, prompts, seed=r, **kw))
-        h = hdl_rollout(model, params, prompts, seed=r, **kw)
+        ind.append(timed(independent_rollout, r))
+        h = timed(hdl_rollout, r)
         score.append(scoring_pass(model, tok, prompts, h.pop("roots")))
         hdl.append(h)
+    token_savings = [1 - h["tokens"] / i["tokens"] for h, i in zip(hdl, ind)]
     ratios = [h["wall_s"] / i["wall_s"] for h, i in zip(hdl, ind)]
-    _log(f"HDL P={len(prompts)}: tokens {hdl[0]['tokens']} vs {ind[0]['tokens']}, wall {ratios}")
-    token_saving = 1 - hdl[0]["tokens"] / ind[0]["tokens"]
+    efficiencies = [(1 - w) / t if t else None for w, t in zip(ratios, token_savings)]
+    _log(f"HDL P={len(prompts)}: token savings {token_savings}, wall ratios {ratios}")
+    token_saving = statistics.median(token_savings)
     wall_saving = 1 - statistics.median(ratios)
     return dict(prompts=len(prompts), new_tokens=new, slots=slots, chunk_steps=chunk,
-                hdl_tokens=hdl[0]["tokens"], indep_tokens=ind[0]["tokens"], token_saving=token_saving,
+                hdl_tokens=[h["tokens"] for h in hdl], indep_tokens=[i["tokens"] for i in ind],
+                token_savings=token_savings, token_saving=token_saving,
                 hdl_wall_s=[h["wall_s"] for h in hdl], indep_wall_s=[i["wall_s"] for i in ind],
+                hdl_compile_s=[h["compile_s"] for h in hdl],
+                indep_compile_s=[i["compile_s"] for i in ind],
                 hdl_engine=hdl[0]["engine"], indep_engine=ind[0]["engine"],
                 wall_ratio_range=[min(ratios), max(ratios)], wallclock_saving=wall_saving,
-                saving_efficiency=wall_saving / token_saving if token_saving else None,
-                hdl_tps=hdl[0]["tokens"] / statistics.median(h["wall_s"] for h in hdl),
-                indep_tps=ind[0]["tokens"] / statistics.median(i["wall_s"] for i in ind),
+                # per repetition: its own wall-clock saving over its own token saving
+                saving_efficiencies=efficiencies,
+                saving_efficiency=(statistics.median(efficiencies)
+                                   if all(e is not None for e in efficiencies) else None),
+                hdl_tps=statistics.median(h["tokens"] / h["wall_s"] for h in hdl),
+                indep_tps=statistics.median(i["tokens"] / i["wall_s"] for i in ind),
                 scoring_s=statistics.median(score))
 
 
@@ -332,6 +373,7 @@ def main(argv=None):
         result["compile_s"] = max(d["compile_s"] for d in result["decode"])
     if "hdl" in result:
         result["hdl_token_saving"] = result["hdl"]["token_saving"]
+        result["hdl_saving_efficiency"] = result["hdl"]["saving_efficiency"]
         # signed: a tree slower than the independent samples reports a negative saving
         result["hdl_wallclock_saving"] = result["hdl"]["wallclock_saving"]
         result["hdl_wallclock_saving_range"] = [1 - r for r in

@@ -6,8 +6,8 @@ earlier results (their cache rows copied from the result, no prefix recomputatio
 turns after a finished result (its cache rows copied, only the new turn computed:
 ``submit_extend``). A host-side scheduler runs between chunks of ``chunk_steps`` decode steps: it
 harvests finished rows, completes requests whose rows are all done, and refills free slots from the
-queue (branches and follow-ups first, so that trees finish and free their caches early; then
-prompts in submission order). This turns the tokens an HDL tree saves into saved wall-clock:
+queue (branches and follow-ups first, so that trees finish and free their caches early, the
+rows that may decode the most tokens first among them; then prompts in submission order). This turns the tokens an HDL tree saves into saved wall-clock:
 continuations of prompt k share the batch with the roots of prompt k+1 instead of running as a
 half-empty lock-step batch as long as their earliest branch. When fewer rows need decoding than
 half the batch holds (a tree's roots, a group's last rows), the batch shrinks to the power of two
@@ -147,7 +147,8 @@ class _Request:
     source_rows: np.ndarray | None = None  # [n] each row's row in its cache
     prompts: list | None = None            # the distinct prompts still to prefill
     prompt_of: np.ndarray | None = None    # [n] each row's index into ``prompts``
-    placed: int = 0
+    order: np.ndarray | None = None        # [n] the rows in the order they take slots
+    placed: int = 0                        # rows of ``order`` given a slot so far
     done: int = 0
     out_seq: np.ndarray | None = None
     out_lp: np.ndarray | None = None
@@ -156,6 +157,11 @@ class _Request:
     out_pos: np.ndarray | None = None
     archive: object = None      # the rows' kept cache, copied out of the slot batch
     final: DecodeState | None = None  # or the whole final slot batch, taken over
+
+
+def _budgets(prompt_lengths, max_new, starts) -> np.ndarray:
+    """``[n]`` the most decode steps each row of a request can take (``end - start``)."""
+    return np.asarray(prompt_lengths) + np.asarray(max_new) - np.asarray(starts)
 
 
 def _checked_stop(stop_check):
@@ -385,11 +391,13 @@ class Engine:
     def _request(self, n, tag, *, seqs, plen, starts, max_new, keys, stops, keep_cache):
         rid, self._next_id = self._next_id, self._next_id + 1
         zeros = np.zeros((n, self.max_len), np.float32)
+        starts = starts.astype(np.int32)
         return _Request(rid=rid, tag=rid if tag is None else tag, n=n, seqs=seqs, prompt_lengths=plen,
-                        starts=starts.astype(np.int32), max_new=max_new,
+                        starts=starts, max_new=max_new,
                         keys=np.asarray(jax.random.key_data(keys)), stops=stops, logprobs=zeros,
                         policy_logprobs=zeros, raw_logprobs=zeros, parents=np.full(n, -1, np.int32),
-                        branch_positions=np.zeros(n, np.int32), keep_cache=keep_cache)
+                        branch_positions=np.zeros(n, np.int32), keep_cache=keep_cache,
+                        order=np.argsort(-_budgets(plen, max_new, starts), kind="stable"))
 
     # ----------------------------------------------------------------------------- scheduling
     @property
@@ -490,14 +498,19 @@ class Engine:
     def _refill(self, host: dict) -> None:
         free = [s for s, o in enumerate(self._owner) if o is None]
         plan = []  # (request, slots [k], rows [k]): a request gets at most one run of rows per refill
+        takes = self._longest_first(self._branches, len(free))
+        takes += [(req, k) for req, k in self._in_turn(self._prompts, len(free) - sum(k for _, k in takes))]
+        for req, k in takes:
+            # which rows matters, not which slot each takes: in row order, a request placed
+            # whole keeps rows == slots (`generate` / `branch` then take the batch over)
+            rows = np.sort(req.order[req.placed:req.placed + k]).astype(np.int32)
+            plan.append((req, np.array(free[:k], np.int32), rows))
+            free, req.placed = free[k:], req.placed + k
         for queue in (self._branches, self._prompts):
-            while free and queue:
-                req = queue[0]
-                k = min(len(free), req.n - req.placed)
-                plan.append((req, np.array(free[:k], np.int32), np.arange(req.placed, req.placed + k, dtype=np.int32)))
-                free, req.placed = free[k:], req.placed + k
-                if req.placed == req.n:
-                    queue.popleft()
+            if any(req.placed == req.n for req in queue):
+                kept = [req for req in queue if req.placed < req.n]
+                queue.clear()
+                queue.extend(kept)
         if not plan:
             return
         self._prefill_sources([req for req, _, _ in plan if req.caches is None])
@@ -539,6 +552,35 @@ class Engine:
             host["stops"][slots, : req.stops.shape[1]] = req.stops[rows]
             for slot, row in zip(slots.tolist(), rows.tolist()):
                 self._owner[slot] = (req, row)
+
+    @staticmethod
+    def _in_turn(queue, free: int) -> list:
+        """``[(request, rows to place)]`` for ``free`` slots, requests in submission order."""
+        takes = []
+        for req in queue:
+            if free <= 0:
+                break
+            k = min(free, req.n - req.placed)
+            takes.append((req, k))
+            free -= k
+        return takes
+
+    @staticmethod
+    def _longest_first(queue, free: int) -> list:
+        """``[(request, rows to place)]`` for ``free`` slots: the queued rows with the largest
+        budgets (the most tokens each may still decode), ties in submission order.
+
+        Why: branches and follow-up turns arrive in bursts of rows of every length (an HDL tree's
+        continuations from early and late branch points). Placed first-come, the longest can start
+        last and decode alone at the end while the slot batch idles around them; longest first
+        (the LPT rule for makespan) leaves the short rows to fill the end. A row's tokens do not
+        depend on its slot or on when it starts."""
+        if free <= 0 or not queue:
+            return []
+        cand = [(-int(_budgets(req.prompt_lengths, req.max_new, req.starts)[row]), qi, j)
+                for qi, req in enumerate(queue) for j, row in enumerate(req.order[req.placed:])]
+        counts = collections.Counter(qi for _, qi, _ in sorted(cand)[:free])
+        return [(req, counts[qi]) for qi, req in enumerate(queue) if counts[qi]]
 
     def _prefill_sources(self, reqs) -> None:
         """Prefill the prompts of every request about to get its first slot, in batches of

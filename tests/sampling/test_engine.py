@@ -72,6 +72,46 @@ def test_the_slot_batch_shrinks_and_grows_without_changing_a_row(tiny):
     assert engine.stats["slot_steps"] < engine.stats["steps"] * 8  # narrower batches were run
 
 
+def test_queued_branches_take_slots_longest_budget_first_and_sample_the_same(tiny):
+    """Two branch requests queued together: the free slots go to the rows that may decode the
+    most tokens (early branch points), across requests, ties in submission order; every row then
+    samples what `branch` samples at once."""
+    keys = jax.random.split(jax.random.key(11), 2)
+    params = SamplingParams(max_new_tokens=24, stop_tokens=())  # rows end at their caps only
+    ref = generate(tiny, [PROMPTS[1]], params, num_samples=2, row_keys=keys, max_len=64)
+    requests = {"late": ([0, 1], [20, 18], [2, 1], jax.random.split(jax.random.key(12), 3)),
+                "early": ([1, 0], [2, 9], [1, 2], jax.random.split(jax.random.key(13), 3))}
+    engine = Engine(tiny, params, slots=2, min_slots=2, max_len=64, chunk_steps=4)
+    engine.submit(PROMPTS[1], num_samples=2, row_keys=keys, keep_cache=True, tag="roots")
+    placed = []
+    refill = engine._refill
+
+    def record(host):
+        before = list(engine._owner)
+        refill(host)
+        placed.extend((o[0].tag, int(o[1])) for o, b in zip(engine._owner, before)
+                      if o is not None and b is None and o[0].tag != "roots")
+
+    engine._refill = record
+
+    def on_result(tag, res):
+        if tag == "roots":
+            for name, (rows, pos, counts, bkeys) in requests.items():
+                engine.submit_branch(res, rows, pos, counts, row_keys=bkeys, tag=name)
+
+    out = engine.run(on_result)
+    # budgets (tokens each may decode, max_new - position + 1): early 23 (row 0), 16 (rows 1, 2);
+    # late 5, 5 (rows 0, 1), 7 (row 2)
+    assert placed[:2] == [("early", 0), ("early", 1)], placed
+    assert placed[2] == ("early", 2) and placed[3] == ("late", 2), placed
+    for name, (rows, pos, counts, bkeys) in requests.items():
+        expect = branch(tiny, ref, rows, pos, counts, row_keys=bkeys)
+        np.testing.assert_array_equal(out[name].tokens, expect.tokens)
+        np.testing.assert_array_equal(out[name].branch_positions, expect.branch_positions)
+        np.testing.assert_allclose(out[name].policy_logprobs, expect.policy_logprobs,
+                                   rtol=1e-5, atol=1e-6)
+
+
 def test_prompts_prefilled_in_power_of_two_batches_without_padding_rows(tiny):
     """Three prompts placed at once prefill as 2 + 1 (not padded to 4) and sample what `generate`
     samples."""
