@@ -18,19 +18,19 @@ def load_and_machine(load_start) -> dict:
 
 
 class CompileClock:
-    """Seconds of tracing, lowering and XLA compilation since the process started watching
-    (``jax.monitoring``'s ``/jax/core/compile/*`` duration events): ``clock.seconds`` read before
-    and after a timed call says how much of it compiled shapes a warm-up did not reach."""
+    """Seconds of tracing, lowering and XLA compilation since the clock was made
+    (:func:`hindsight.rollout.runtime.compile_seconds`): ``clock.seconds`` read before and after a
+    timed call says how much of it compiled shapes a warm-up did not reach."""
 
     def __init__(self):
-        import jax.monitoring
+        from hindsight.rollout.runtime import compile_seconds
 
-        self.seconds = 0.0
-        jax.monitoring.register_event_duration_secs_listener(self._record)
+        self._now = compile_seconds
+        self._start = compile_seconds()
 
-    def _record(self, event: str, seconds: float, **_) -> None:
-        if event.startswith("/jax/core/compile/"):
-            self.seconds += seconds
+    @property
+    def seconds(self) -> float:
+        return self._now() - self._start
 
 
 def _best_seconds(f, *args, repeats: int) -> float:

@@ -99,6 +99,8 @@ class RolloutStats:
         ``fresh``) and ``total`` (all groups sampled, dropped ones included).
       verify_worker_seconds: seconds the verifier's workers spent checking (overlapping decode,
         not part of ``seconds``).
+      compile_seconds: seconds of tracing and compiling inside the rollout (part of
+        ``seconds["total"]``: programs for shapes the process had not run before).
       gen_batches, sampled_groups, dropped_groups, filled_groups: dynamic sampling counters
         (generation batches, groups sampled, all-equal groups seen, of which used as fillers).
       branch_positions: HDL, per group ``[R][K]`` points (-1: fresh rollouts instead).
@@ -147,6 +149,7 @@ class RolloutStats:
     engines: dict = dataclasses.field(default_factory=dict)
     verifier_errors: int = 0
     verify_worker_seconds: float = 0.0
+    compile_seconds: float = 0.0
     turns_per_episode: float | None = None
     episode_statuses: dict = dataclasses.field(default_factory=dict)
     truncated: int = 0
@@ -391,7 +394,7 @@ def collect(method: Method, model, tokenizer, task, examples, *, key,
         response_length_mean=float(lengths[sampled].mean()),
         generated_tokens=[grp.generated_tokens for grp in groups], seconds=clock.seconds(),
         verifier_errors=verifier.errors, verify_worker_seconds=verifier.worker_seconds,
-        phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
+        compile_seconds=clock.compile_seconds, phase_tokens=dict(clock.tokens), engines=_engine_stats(clock),
         sample_texts=[t for grp in groups for t in grp.texts][:rollout.num_sample_texts],
         generated_texts=[f"{n}: {part.text}" for grp in groups
                          for n, part in grp.generated.items()][:rollout.num_sample_texts],

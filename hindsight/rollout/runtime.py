@@ -14,12 +14,32 @@ import time
 from collections.abc import Sequence
 
 import jax
+import jax.monitoring
 import numpy as np
 
 from hindsight.sampling import SamplingParams
 from hindsight.sampling.buckets import cache_len_bucket
 from hindsight.sampling.engine import Engine
 from hindsight.rollout.verification import Verifier
+
+
+_COMPILE = {"seconds": 0.0, "listening": False}
+
+
+def _record_compile(event: str, seconds: float, **_) -> None:
+    if event.startswith("/jax/core/compile/"):
+        _COMPILE["seconds"] += seconds
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent tracing, lowering and compiling programs (``jax.monitoring``'s
+    ``/jax/core/compile/*`` duration events) since its first call: read it before and after a
+    piece of work to learn how much of that work's wall-clock was compiling (shapes seen for the
+    first time; a persistent compilation cache shortens but does not remove it)."""
+    if not _COMPILE["listening"]:
+        jax.monitoring.register_event_duration_secs_listener(_record_compile)
+        _COMPILE["listening"] = True
+    return _COMPILE["seconds"]
 
 
 def with_eos(params: SamplingParams, tokenizer) -> SamplingParams:
@@ -73,12 +93,28 @@ class PhaseClock:
         self.engine_seconds = collections.Counter()  # per engine name
         self.engine_tokens: dict[str, collections.Counter] = {}  # per engine name: tokens by phase
         self.engines: dict[str, collections.Counter] = {}  # per engine name: its stats, summed
+        self.compile_seconds = 0.0  # compiling inside the timed phases (part of their seconds)
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def _measured(self):
+        """Count the compile time inside the outermost timed region (phases nest: a host phase
+        runs in an engine's result callback)."""
+        self._depth += 1
+        start = compile_seconds() if self._depth == 1 else 0.0
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self.compile_seconds += compile_seconds() - start
 
     @contextlib.contextmanager
     def host_phase(self, name: str):
         start = time.perf_counter()
         try:
-            yield
+            with self._measured():
+                yield
         finally:
             self.host[name] += time.perf_counter() - start
 
@@ -94,6 +130,10 @@ class PhaseClock:
         :class:`~hindsight.rollout.verification.Verifier`, or the episode runner's environment
         replies, whose ``phase`` attribute (default ``"verify"``) names the two phases
         (``env`` / ``env_wait``)."""
+        with self._measured():
+            self._run(engines, on_result, verifier)
+
+    def _run(self, engines: Sequence[Engine], on_result, verifier) -> None:
         names = [getattr(e, "name", "engine") for e in engines]
         stats_before = [collections.Counter(getattr(e, "stats", {})) for e in engines]
         while not all(e.idle for e in engines) or (verifier is not None and verifier.pending):

@@ -16,7 +16,8 @@ reference after every update. The run directory holds:
 * ``config.json`` — the resolved config; a later run in the same directory must match it except
   for :data:`hindsight.train.experiment.RESUMABLE_KEYS` (else it refuses, naming the keys);
 * ``metrics.jsonl`` + TensorBoard events — per step: the loss metrics (mean over the step's
-  updates), ``reward``, ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``,
+  updates), ``reward``, ``response_length``, ``generated_tokens_per_group``, ``rollout_seconds``
+  (``rollout_compile_seconds`` of it compiling programs for shapes not run before),
   ``verify_wait_seconds`` (decoding waited for verification), ``verify_worker_seconds`` (checking,
   overlapping decode), ``update_seconds``, ``step_time``, ``tokens_per_s`` (generated tokens / step time),
   for HDL trees ``reflection_tokens_per_group`` and ``rollout_seconds/<phase>`` (:data:`TREE_PHASES`)
@@ -402,7 +403,9 @@ TREE_PHASES = ("roots", "reflection", "scoring", "continuations", "fresh")
 def _rollout_metrics(stats) -> dict:
     out = {"reward": stats.reward_mean, "response_length": stats.response_length_mean,
            "generated_tokens_per_group": float(np.mean(stats.generated_tokens)),
-           "rollout_seconds": stats.seconds["total"], "verifier_errors": stats.verifier_errors,
+           "rollout_seconds": stats.seconds["total"],
+           "rollout_compile_seconds": stats.compile_seconds,
+           "verifier_errors": stats.verifier_errors,
            "verify_wait_seconds": stats.seconds.get("verify_wait", 0.0),
            "verify_worker_seconds": stats.verify_worker_seconds}
     if stats.source is not None:

@@ -7,7 +7,8 @@ import pytest
 from experiments.report import read_run, token_economics, write_report
 
 
-def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None, phases=None):
+def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None, phases=None,
+              compiles=None):
     os.makedirs(path)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump({"method": method, "model": {"name": "m"}, "task": {"name": "t"},
@@ -18,6 +19,8 @@ def _fake_run(path, method, tokens, seconds, *, prompts=2, trace=None, phases=No
             f.write(json.dumps({"step": i + 1, "loss": 0.1, "reward": 0.5, "grad_norm": 1.0,
                                 "generated_tokens_per_group": t, "rollout_seconds": s,
                                 "update_seconds": 1.0, "step_time": 2.0,
+                                **({} if compiles is None else
+                                   {"rollout_compile_seconds": compiles[i]}),
                                 **{f"rollout_seconds/{k}": v for k, v in (phases or {}).items()}})
                     + "\n")
     with open(os.path.join(path, "samples.jsonl"), "w") as f:
@@ -41,6 +44,28 @@ def test_token_economics_and_report(tmp_path):
     assert "**⟦1: ⏎ (2.00)⟧**" in text and "**⟦3: z (1.50)⟧**" in text
     for png in ("curves.png", "trajectory.png"):
         assert os.path.getsize(tmp_path / "r" / png) > 1000
+
+
+def test_token_economics_without_the_compiles_inside_the_rollouts(tmp_path):
+    """Rollout seconds carry their compiles (`rollout_compile_seconds`): the saving without them
+    sets each run's seconds less its compiles against each other; the report says both."""
+    _fake_run(tmp_path / "g", "grpo", [100, 200, 400], [50.0, 4.0, 8.0], compiles=[40.0, 0.0, 0.0])
+    _fake_run(tmp_path / "h", "hdl", [90, 120, 200], [60.0, 3.0, 4.0], compiles=[50.0, 1.0, 0.0])
+    g, h = read_run(str(tmp_path / "g")), read_run(str(tmp_path / "h"))
+    out = token_economics(g, h)
+    assert out["hdl_wallclock_saving"] == pytest.approx(1 - 3.5 / 6.0)
+    assert out["hdl_compile_seconds_per_group"] == pytest.approx(0.25)   # 0.5 s per step, 2 prompts
+    assert out["grpo_compile_seconds_per_group"] == pytest.approx(0.0)
+    assert out["hdl_wallclock_saving_without_compiles"] == pytest.approx(1 - 3.0 / 6.0)
+    from experiments.demo import headline
+    summary = {**out, "grpo_reward": [0.5] * 3, "hdl_reward": [0.5] * 3, "cpus": 2,
+               "loadavg_1m": 1.0, "demo_seconds": 60.0}
+    text = headline(summary, g, h)
+    assert "wall-clock saving without them 0.50" in text
+    # runs logged before the metric existed: no compile-free figure, nothing invented
+    _fake_run(tmp_path / "g0", "grpo", [100, 200, 400], [50.0, 4.0, 8.0])
+    assert "hdl_wallclock_saving_without_compiles" not in token_economics(
+        read_run(str(tmp_path / "g0")), h)
 
 
 def test_model_text_cannot_escape_into_markdown_or_html(tmp_path):

@@ -29,6 +29,9 @@ def test_launch_with_overrides_writes_the_run_directory(tmp_path):
     assert [x["step"] for x in lines] == [0, 1] and "eval_reward" in lines[0]
     assert os.path.isdir(os.path.join(workdir, "checkpoints", "1"))
     assert "verify_wait_seconds" in lines[1] and lines[1]["verify_worker_seconds"] > 0
+    # a fresh process traces the rollout's programs (its sampling params are not the greedy
+    # evaluation's): part of the first rollout's seconds, and said so
+    assert 0 < lines[1]["rollout_compile_seconds"] <= lines[1]["rollout_seconds"]
     # the evaluation command on that checkpoint: greedy pass@1 and sampled pass@k, JSON last
     out = subprocess.run(
         [sys.executable, "-m", "experiments.evaluate", "--config=configs/grpo.py:tiny",

@@ -90,6 +90,7 @@ def test_every_method_trains_and_resumes(method, tmp_path):
     for r in steps:
         for k in ("loss", "grad_norm", "reward", "generated_tokens_per_group", "rollout_seconds"):
             assert np.isfinite(r[k]), (k, r)
+        assert 0 <= r["rollout_compile_seconds"] <= r["rollout_seconds"], r
     assert any(r["grad_norm"] > 0 for r in steps)
     assert len(_lines(os.path.join(workdir, "samples.jsonl"))) == 3
     assert os.path.exists(os.path.join(workdir, "summary.json"))
