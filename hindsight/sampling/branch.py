@@ -11,7 +11,8 @@ new row; inside a rollout, the engine's own ``submit_branch`` shares the slot ba
 """
 from __future__ import annotations
 
-from hindsight.sampling.engine import Engine, Rollouts, branch_requests
+from hindsight.sampling.engine import Engine, Rollouts
+from hindsight.sampling.requests import branch_requests
 
 
 def branch(model, rollouts: Rollouts, rows, positions, counts=1, *, key=None, row_keys=None,

@@ -37,11 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hindsight.sampling import cache_rows, inputs
+from hindsight.sampling import cache_rows, inputs, requests
 from hindsight.sampling.buckets import pow2_bucket
 from hindsight.sampling.decode import (DecodeState, decode_steps, extend_in_chunks,
                                       graph_and_weights, kv_window, prefill_in_chunks)
 from hindsight.sampling.params import SamplingParams
+from hindsight.sampling.requests import Request
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,76 +102,6 @@ class Rollouts:
         return np.asarray(jax.device_get(self.state.tokens[row, : int(self.prompt_lengths[row])]))
 
 
-def branch_requests(rollouts: Rollouts, rows, positions, counts=1):
-    """Validate and expand ``(row, position, count)`` requests into one entry per new row.
-
-    Returns ``(src_rows [N], positions [N])`` int32. Raises ValueError on a row outside
-    ``[0, B)``, a position outside ``[0, length)`` of its row, or a count < 1.
-    """
-    rows = inputs.row_indices("rows", rows, rollouts.num_rows)
-    positions = np.atleast_1d(np.asarray(positions))
-    if rows.shape != positions.shape:
-        raise ValueError(f"`rows` and `positions` must be 1-D of equal length, got {rows.shape} and {positions.shape}")
-    if not np.issubdtype(positions.dtype, np.integer):
-        raise TypeError("`positions` must be integers")
-    counts = inputs.per_row_ints("counts", counts, rows.size, minimum=1)
-    lengths = rollouts.lengths[rows]
-    bad = np.nonzero((positions < 0) | (positions >= lengths))[0]
-    if bad.size:
-        i = bad[0]
-        raise ValueError(f"branch position {positions[i]} is outside the response of row {rows[i]} "
-                         f"(length {lengths[i]}; valid positions are 0..{lengths[i] - 1})")
-    return np.repeat(rows, counts).astype(np.int32), np.repeat(positions, counts).astype(np.int32)
-
-
-@dataclasses.dataclass
-class _Request:
-    rid: int
-    tag: object
-    n: int
-    seqs: np.ndarray            # [n, M] initial sequences (prompt, or kept branch prefix)
-    prompt_lengths: np.ndarray  # [n]
-    starts: np.ndarray          # [n] position of the unfed last token
-    max_new: np.ndarray         # [n]
-    keys: np.ndarray            # [n, 2] uint32 key data
-    stops: np.ndarray           # [n, K]
-    logprobs: np.ndarray        # [n, M] kept prefix log-probs (zeros for prompts)
-    policy_logprobs: np.ndarray
-    raw_logprobs: np.ndarray
-    parents: np.ndarray
-    branch_positions: np.ndarray
-    keep_cache: bool
-    stop_check: Callable | None = None     # stop_check(response ids) -> length to cut at, or None
-    stop_hit: np.ndarray | None = None     # [n] a row ended on ``stop_check``
-    caches: list | None = None             # the caches the rows' prefix K/V are copied from, once known
-    cache_of: np.ndarray | None = None     # [n] each row's index into ``caches``
-    source_rows: np.ndarray | None = None  # [n] each row's row in its cache
-    prompts: list | None = None            # the distinct prompts still to prefill
-    prompt_of: np.ndarray | None = None    # [n] each row's index into ``prompts``
-    order: np.ndarray | None = None        # [n] the rows in the order they take slots
-    placed: int = 0                        # rows of ``order`` given a slot so far
-    done: int = 0
-    out_seq: np.ndarray | None = None
-    out_lp: np.ndarray | None = None
-    out_plp: np.ndarray | None = None
-    out_raw: np.ndarray | None = None
-    out_pos: np.ndarray | None = None
-    archive: object = None      # the rows' kept cache, copied out of the slot batch
-    final: DecodeState | None = None  # or the whole final slot batch, taken over
-
-
-def _budgets(prompt_lengths, max_new, starts) -> np.ndarray:
-    """``[n]`` the most decode steps each row of a request can take (``end - start``)."""
-    return np.asarray(prompt_lengths) + np.asarray(max_new) - np.asarray(starts)
-
-
-def _checked_stop(stop_check):
-    if stop_check is not None and not callable(stop_check):
-        raise TypeError(f"`stop_check` must be callable (response ids -> cut length or None), got "
-                        f"{type(stop_check).__name__}")
-    return stop_check
-
-
 class Engine:
     """Continuous-batching sampler over one model and one `SamplingParams`.
 
@@ -216,8 +147,8 @@ class Engine:
         self.axes = cache_rows.static_axes(model, self.max_len, cache_dtype)
         self.graphdef, self.weights = graph_and_weights(model, unroll=True)
         self._next_id = 0
-        self._prompts: collections.deque[_Request] = collections.deque()
-        self._branches: collections.deque[_Request] = collections.deque()
+        self._prompts: collections.deque[Request] = collections.deque()
+        self._branches: collections.deque[Request] = collections.deque()
         self._owner = []  # (request, row) per slot of the current slot batch
         self._state = None
         # chunks, prefills, moves, extends, resizes; prefill_tokens / extend_tokens (prompt and
@@ -269,7 +200,7 @@ class Engine:
                             plen=plen, starts=plen - 1, max_new=max_new, keys=keys, stops=stops,
                             keep_cache=keep_cache)
         req.prompts, req.prompt_of = list(seqs), index
-        req.stop_check = _checked_stop(stop_check)
+        req.stop_check = requests.checked_stop(stop_check)
         self._prompts.append(req)
         return req.rid
 
@@ -288,7 +219,7 @@ class Engine:
         """
         if rollouts.state.tokens.shape[1] != self.max_len:
             raise ValueError(f"rollouts have cache length {rollouts.state.tokens.shape[1]}, engine {self.max_len}")
-        src, pos = branch_requests(rollouts, rows, positions, counts)
+        src, pos = requests.branch_requests(rollouts, rows, positions, counts)
         if rollouts.state.cache is None:
             raise ValueError("these rollouts carry no cache: submit them with keep_cache=True to branch them")
         n = src.size
@@ -311,7 +242,7 @@ class Engine:
         req.logprobs, req.policy_logprobs, req.raw_logprobs = (np.where(keep, a, 0)
                                                                for a in (lp, plp, raw))
         req.parents, req.branch_positions = src, pos
-        req.stop_check = _checked_stop(stop_check)
+        req.stop_check = requests.checked_stop(stop_check)
         req.caches, req.cache_of, req.source_rows = [rollouts.state.cache], np.zeros(n, np.int32), src
         self._branches.append(req)
         return req.rid
@@ -382,7 +313,7 @@ class Engine:
         self.stats["extend_s"] += time.perf_counter() - t0
         req = self._request(n, tag, seqs=seqs, plen=plen, starts=plen - 1, max_new=max_new, keys=keys,
                             stops=stops, keep_cache=keep_cache)
-        req.stop_check = _checked_stop(stop_check)
+        req.stop_check = requests.checked_stop(stop_check)
         req.parents = src
         req.caches, req.cache_of, req.source_rows = [cache], np.zeros(n, np.int32), np.arange(n, dtype=np.int32)
         self._branches.append(req)  # like branches: they finish trees, and hold a cache
@@ -392,12 +323,12 @@ class Engine:
         rid, self._next_id = self._next_id, self._next_id + 1
         zeros = np.zeros((n, self.max_len), np.float32)
         starts = starts.astype(np.int32)
-        return _Request(rid=rid, tag=rid if tag is None else tag, n=n, seqs=seqs, prompt_lengths=plen,
+        return Request(rid=rid, tag=rid if tag is None else tag, n=n, seqs=seqs, prompt_lengths=plen,
                         starts=starts, max_new=max_new,
                         keys=np.asarray(jax.random.key_data(keys)), stops=stops, logprobs=zeros,
                         policy_logprobs=zeros, raw_logprobs=zeros, parents=np.full(n, -1, np.int32),
                         branch_positions=np.zeros(n, np.int32), keep_cache=keep_cache,
-                        order=np.argsort(-_budgets(plen, max_new, starts), kind="stable"))
+                        order=np.argsort(-requests.budgets(plen, max_new, starts), kind="stable"))
 
     # ----------------------------------------------------------------------------- scheduling
     @property
@@ -498,8 +429,8 @@ class Engine:
     def _refill(self, host: dict) -> None:
         free = [s for s, o in enumerate(self._owner) if o is None]
         plan = []  # (request, slots [k], rows [k]): a request gets at most one run of rows per refill
-        takes = self._longest_first(self._branches, len(free))
-        takes += [(req, k) for req, k in self._in_turn(self._prompts, len(free) - sum(k for _, k in takes))]
+        takes = requests.longest_first(self._branches, len(free))
+        takes += requests.in_turn(self._prompts, len(free) - sum(k for _, k in takes))
         for req, k in takes:
             # which rows matters, not which slot each takes: in row order, a request placed
             # whole keeps rows == slots (`generate` / `branch` then take the batch over)
@@ -552,35 +483,6 @@ class Engine:
             host["stops"][slots, : req.stops.shape[1]] = req.stops[rows]
             for slot, row in zip(slots.tolist(), rows.tolist()):
                 self._owner[slot] = (req, row)
-
-    @staticmethod
-    def _in_turn(queue, free: int) -> list:
-        """``[(request, rows to place)]`` for ``free`` slots, requests in submission order."""
-        takes = []
-        for req in queue:
-            if free <= 0:
-                break
-            k = min(free, req.n - req.placed)
-            takes.append((req, k))
-            free -= k
-        return takes
-
-    @staticmethod
-    def _longest_first(queue, free: int) -> list:
-        """``[(request, rows to place)]`` for ``free`` slots: the queued rows with the largest
-        budgets (the most tokens each may still decode), ties in submission order.
-
-        Why: branches and follow-up turns arrive in bursts of rows of every length (an HDL tree's
-        continuations from early and late branch points). Placed first-come, the longest can start
-        last and decode alone at the end while the slot batch idles around them; longest first
-        (the LPT rule for makespan) leaves the short rows to fill the end. A row's tokens do not
-        depend on its slot or on when it starts."""
-        if free <= 0 or not queue:
-            return []
-        cand = [(-int(_budgets(req.prompt_lengths, req.max_new, req.starts)[row]), qi, j)
-                for qi, req in enumerate(queue) for j, row in enumerate(req.order[req.placed:])]
-        counts = collections.Counter(qi for _, qi, _ in sorted(cand)[:free])
-        return [(req, counts[qi]) for qi, req in enumerate(queue) if counts[qi]]
 
     def _prefill_sources(self, reqs) -> None:
         """Prefill the prompts of every request about to get its first slot, in batches of
@@ -673,7 +575,7 @@ class Engine:
             pos[slot], active[slot] = start + cut - 1, False
             self._host["last"][slot] = seq[slot, pos[slot]]
 
-    def _result(self, req: _Request) -> Rollouts:
+    def _result(self, req: Request) -> Rollouts:
         """The finished request's rows as a `Rollouts` (responses cut out of the sequences)."""
         n, seq, pos, plen = req.n, req.out_seq, req.out_pos, req.prompt_lengths
         t_max = int(req.max_new.max())
