@@ -251,7 +251,8 @@ def _warm_widths(model, params, prompt, *, slots: int, max_len: int, chunk: int)
 
     width = slots
     while width >= max(1, slots // 8):
-        engine = Engine(model, params, slots=width, min_slots=width, max_len=max_len, chunk_steps=chunk)
+        engine = Engine(model, params, slots=width, min_slots=width, max_len=max_len,
+                        chunk_steps=chunk)
         engine.submit(prompt, num_samples=width, key=jax.random.key(0), max_new_tokens=2)
         engine.run()
         width //= 2

@@ -7,7 +7,8 @@ turns after a finished result (its cache rows copied, only the new turn computed
 ``submit_extend``). A host-side scheduler runs between chunks of ``chunk_steps`` decode steps: it
 harvests finished rows, completes requests whose rows are all done, and refills free slots from the
 queue (branches and follow-ups first, so that trees finish and free their caches early, the
-rows that may decode the most tokens first among them; then prompts in submission order). This turns the tokens an HDL tree saves into saved wall-clock:
+rows that may decode the most tokens first among them; then prompts in submission order:
+:mod:`hindsight.sampling.requests`). This turns the tokens an HDL tree saves into saved wall-clock:
 continuations of prompt k share the batch with the roots of prompt k+1 instead of running as a
 half-empty lock-step batch as long as their earliest branch. When fewer rows need decoding than
 half the batch holds (a tree's roots, a group's last rows), the batch shrinks to the power of two
