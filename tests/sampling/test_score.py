@@ -77,12 +77,17 @@ def test_minimum_buckets_pin_the_compiled_shape(tiny):
         score_logprobs(tiny, CONTEXTS, RESPONSES, min_response_len=0)
 
 
-def test_scoring_from_a_cached_prefix_equals_a_full_rescore(tiny):
+@pytest.mark.parametrize("per_context", ["one", "several"])
+def test_scoring_from_a_cached_prefix_equals_a_full_rescore(tiny, monkeypatch, per_context):
     """Contexts that open like the sampled rows' prompts (HDL's ``h`` opens with the policy prompt)
     score from the rows' cached K/V: the same log-probs as prefilling every context from scratch.
     Covers a context sharing the whole prompt, one diverging inside it, one sharing nothing, the
-    prompt itself (shared up to its last token) and several responses per context."""
+    prompt itself (shared up to its last token), with one response per context (HDL's roots under
+    their ``h``: context rest and response in one cached pass) and with several (each context's
+    rest extended once, then copied to its responses)."""
     from hindsight.sampling import CachedPrefix
+    from hindsight.sampling import score as score_module
+    from hindsight.sampling.decode import extend
     from hindsight.sampling.engine import Engine
 
     prompt = [4, 5, 6, 7, 8]
@@ -90,21 +95,26 @@ def test_scoring_from_a_cached_prefix_equals_a_full_rescore(tiny):
     engine.submit(prompt, num_samples=3, key=jax.random.key(2), keep_cache=True, tag="roots")
     roots = engine.run()["roots"]
     contexts = [prompt + [40, 41, 42, 43], [4, 5, 9, 9, 9, 9, 9, 9], [60, 61], prompt]
-    responses = [list(roots.tokens[r, :roots.lengths[r]]) for r in (0, 1, 2)] + [[7, 8, 9]] * 2
-    index = [0, 1, 2, 3, 0]
+    responses = [list(roots.tokens[r, :roots.lengths[r]]) for r in (0, 1, 2)] + [[7, 8, 9]]
+    index = [0, 1, 2, 3]
+    if per_context == "several":
+        responses, index = responses + [[7, 8, 9]], index + [0]
     prefix = CachedPrefix.of(roots, [0, 1, 2, 0])
     np.testing.assert_array_equal(prefix.shared([np.asarray(c) for c in contexts]), [5, 2, 0, 4])
     full = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index))
+    extends = []
+    monkeypatch.setattr(score_module, "extend", lambda *a, **k: extends.append(1) or extend(*a, **k))
     cached = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index,
                                        prefix=prefix))
+    assert bool(extends) == (per_context == "several")  # which of the two plans ran
     np.testing.assert_allclose(cached, full, rtol=1e-5, atol=1e-5)
     assert (full != 0).sum() == sum(len(r) for r in responses)
     # the shared K/V are read from the cache, not recomputed: a zeroed cache changes the scores of
     # the contexts that share a prefix and of no other
     blank = dataclasses.replace(prefix, cache=jax.tree.map(jnp.zeros_like, prefix.cache))
     wrong = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index, prefix=blank))
-    assert [not np.allclose(wrong[i], full[i], atol=1e-4) for i in range(5)] == \
-        [True, True, False, True, True]
+    assert [not np.allclose(wrong[i], full[i], atol=1e-4) for i in range(len(index))] == \
+        [True, True, False, True, True][:len(index)]
     # a context and response that do not fit the prefix cache are refused, naming the sizes
     with pytest.raises(ValueError, match="cache slots"):
         score_logprobs(tiny, [prompt + [9] * 60], [[1, 2, 3, 4, 5, 6]],
