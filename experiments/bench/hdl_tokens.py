@@ -36,9 +36,11 @@ so is each arm's process CPU time in the last repetition (``collect_cpu_seconds_
 ``hdl_cpu_time_saving``), which other processes' load disturbs less than wall-clock when it changes
 between the arms. Two checks on the last timed run: ``compile_seconds_in_last_timed_run`` (tracing +
 XLA compilation, from ``jax.monitoring``; a shape the warm-up did not meet compiles in the first
-repetition, not in the last: ``compile_seconds_per_repetition`` has every repetition's) and ``engines`` (per engine: slot occupancy, decode steps, prefills,
-reflection-turn extensions and their seconds; a decode step costs about the same however many
-slots are busy, and prefills are compute-bound work that the generated-token count does not see).
+repetition, not in the last: ``compile_seconds_per_repetition`` has every repetition's, and
+``hdl_wallclock_saving_without_compiles_per_repetition`` the saving without them) and ``engines``
+(per engine: slot occupancy, decode steps, prefills, reflection-turn extensions and their seconds;
+a decode step costs about the same however many slots are busy, and prefills are compute-bound
+work that the generated-token count does not see).
 
     python -m experiments.bench.hdl_tokens [--quick]
 

@@ -220,7 +220,8 @@ def _prepare(model, contexts, responses, context_index, cache_dtype, min_respons
     elif np.bincount(context_index, minlength=n_c).max() == 1:
         # one response per context (HDL's roots under their own ``h``): the context's remaining
         # tokens and the response go through one cached pass from a copy of the context's row
-        return _one_pass(model, graphdef, weights, ctx, resp, context_index, prefix, lengths, t_b, bb)
+        return _one_pass(model, graphdef, weights, ctx, resp, context_index, prefix, lengths,
+                         t_b, bb)
     else:
         cache, m = _prefix_cache(model, graphdef, weights, ctx, prefix, lengths, context_index)
         cache_dtype = prefix.cache_dtype

@@ -103,7 +103,8 @@ def test_scoring_from_a_cached_prefix_equals_a_full_rescore(tiny, monkeypatch, p
     np.testing.assert_array_equal(prefix.shared([np.asarray(c) for c in contexts]), [5, 2, 0, 4])
     full = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index))
     extends = []
-    monkeypatch.setattr(score_module, "extend", lambda *a, **k: extends.append(1) or extend(*a, **k))
+    monkeypatch.setattr(score_module, "extend",
+                        lambda *a, **k: extends.append(1) or extend(*a, **k))
     cached = np.asarray(score_logprobs(tiny, contexts, responses, context_index=index,
                                        prefix=prefix))
     assert bool(extends) == (per_context == "several")  # which of the two plans ran
